@@ -1,0 +1,56 @@
+"""Run one of this collection's modules the way Ansible does on a target: a fresh
+interpreter, the module file, and its arguments in a JSON file.
+
+Functional tests use this instead of importing the module, so that argument parsing,
+check mode, diff mode, exit codes and the JSON result are the real ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COLLECTIONS = REPO / ".ansible" / "collections"
+
+
+def ensure_collection_link() -> Path:
+    """Link this checkout as ansible_collections/cleanslate/gpu (what `make setup` does)."""
+    link = COLLECTIONS / "ansible_collections" / "cleanslate" / "gpu"
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(REPO, link.parent))
+    return COLLECTIONS
+
+
+def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
+               env: dict | None = None, timeout: float = 180, python: str | None = None) -> dict:
+    """Run plugins/modules/<name>.py with params; return its JSON result plus 'rc'."""
+    collections = ensure_collection_link()
+    args = dict(params)
+    args["_ansible_check_mode"] = check
+    args["_ansible_diff"] = diff
+    run_env = dict(os.environ)
+    run_env.update(env or {})
+    run_env["PYTHONPATH"] = str(collections)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+        args_path = handle.name
+    try:
+        proc = subprocess.run(
+            [python or sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), args_path],
+            capture_output=True, text=True, env=run_env, timeout=timeout, check=False,
+        )
+    finally:
+        os.unlink(args_path)
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError as exc:
+        raise AssertionError(
+            f"module {name} printed no JSON (rc={proc.returncode})\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        ) from exc
+    result["rc"] = proc.returncode
+    return result
