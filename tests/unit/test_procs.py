@@ -1,0 +1,106 @@
+"""The /proc scan and process helpers in module_utils/_procs.py, against real processes
+that this test starts and that hold files under its own temporary directory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+
+HOLD_OPEN = """
+import sys, time
+handles = [open(p, 'rb') for p in sys.argv[1:]]
+print('ready', flush=True)
+time.sleep(600)
+"""
+
+HOLD_MAPPED = """
+import ctypes, os, sys, time
+# libc mmap directly: Python's mmap module keeps a duplicate descriptor open.
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_RDONLY)
+assert libc.mmap(None, 4096, 1, 1, fd, 0) not in (None, ctypes.c_void_p(-1).value)  # PROT_READ, MAP_SHARED
+os.close(fd)  # only the mapping is left
+if len(sys.argv) > 2 and sys.argv[2] == 'unlink':
+    os.unlink(sys.argv[1])
+print('ready', flush=True)
+time.sleep(600)
+"""
+
+
+def _start(code, *args):
+    proc = subprocess.Popen([sys.executable, "-c", code] + [str(a) for a in args],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.fixture
+def started():
+    procs = []
+    yield procs
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _file(tmp_path, name, size=4096):
+    path = tmp_path / name
+    path.write_bytes(b"x" * size)
+    return str(path)
+
+
+def test_open_file_holders_are_found_per_path(tmp_path, started):
+    one, two, idle = _file(tmp_path, "one"), _file(tmp_path, "two"), _file(tmp_path, "idle")
+    first = _start(HOLD_OPEN, one, two)
+    second = _start(HOLD_OPEN, two)
+    started.extend([first, second])
+    holders = _procs.holders_of([one, two, idle])
+    assert holders == {one: [first.pid], two: sorted([first.pid, second.pid]), idle: []}
+
+
+def test_mapped_file_counts_only_with_include_maps(tmp_path, started):
+    mapped = _file(tmp_path, "mapped")
+    proc = _start(HOLD_MAPPED, mapped)
+    started.append(proc)
+    assert _procs.holders_of([mapped])[mapped] == [proc.pid]
+    assert _procs.holders_of([mapped], include_maps=False)[mapped] == []
+
+
+def test_deleted_file_still_matches_its_old_path(tmp_path, started):
+    opened, mapped = _file(tmp_path, "opened"), _file(tmp_path, "mapped")
+    holder = _start(HOLD_OPEN, opened)
+    mapper = _start(HOLD_MAPPED, mapped, "unlink")
+    started.extend([holder, mapper])
+    os.unlink(opened)
+    holders = _procs.holders_of([opened, mapped])
+    assert holders == {opened: [holder.pid], mapped: [mapper.pid]}
+
+
+def test_exited_process_is_no_holder(tmp_path, started):
+    path = _file(tmp_path, "gone")
+    proc = _start(HOLD_OPEN, path)
+    proc.kill()
+    proc.wait()
+    assert _procs.holders_of([path])[path] == []
+
+
+def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
+    # A /proc-shaped tree: one process holding the file, one that vanished (no fd dir, no
+    # maps), one whose descriptor link points elsewhere, and a non-numeric entry.
+    proc = tmp_path / "proc"
+    target = "/dev/nvidia0"
+    (proc / "10" / "fd").mkdir(parents=True)
+    os.symlink(target, proc / "10" / "fd" / "3")
+    os.symlink(target + _procs._DELETED, proc / "10" / "fd" / "4")
+    (proc / "11").mkdir()
+    (proc / "12" / "fd").mkdir(parents=True)
+    os.symlink("/dev/null", proc / "12" / "fd" / "0")
+    (proc / "self").mkdir()
+    assert _procs.scan([target], proc=str(proc)) == {10: {target}}
