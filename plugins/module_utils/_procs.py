@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import signal
+import time
 
 PROC = "/proc"
 _DELETED = " (deleted)"
 
 
-def _kernel_path(path):
+def kernel_path(path):
     """The path as the kernel prints it for an open or mapped file that was unlinked."""
     if path.endswith(_DELETED):
         return path[:-len(_DELETED)]
@@ -36,19 +39,22 @@ def _pids(proc=PROC):
     return [int(name) for name in names if name.isdigit()]
 
 
-def _fd_targets(pid, proc=PROC):
+def fd_targets(pid, proc=PROC):
     """Targets of the process's open descriptors; empty if it vanished or is unreadable."""
-    fd_dir = "%s/%d/fd" % (proc, pid)
+    return _links_in("%s/%d/fd" % (proc, pid))
+
+
+def _links_in(directory):
+    """readlink of every entry, skipping entries that vanish between listdir and readlink."""
     try:
-        names = os.listdir(fd_dir)
+        names = os.listdir(directory)
     except OSError:
         return []
     targets = []
     for name in names:
         try:
-            targets.append(os.readlink(fd_dir + "/" + name))
+            targets.append(os.readlink(directory + "/" + name))
         except OSError:
-            # The descriptor was closed between listdir and readlink.
             continue
     return targets
 
@@ -71,7 +77,7 @@ def _mapped_paths(pid, needle, proc=PROC):
         # address perms offset dev inode [path]; the path itself may contain spaces.
         fields = line.split(None, 5)
         if len(fields) == 6 and fields[5].startswith(b"/"):
-            paths.append(_kernel_path(os.fsdecode(fields[5])))
+            paths.append(kernel_path(os.fsdecode(fields[5])))
     return paths
 
 
@@ -81,21 +87,7 @@ def _map_files_targets(pid, proc=PROC):
     Reading map_files needs privileges that most callers lack; where it works it names the
     same files as maps, so it is the fallback, not a second pass.
     """
-    return _fd_targets_in("%s/%d/map_files" % (proc, pid))
-
-
-def _fd_targets_in(directory):
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    targets = []
-    for name in names:
-        try:
-            targets.append(os.readlink(directory + "/" + name))
-        except OSError:
-            continue
-    return targets
+    return _links_in("%s/%d/map_files" % (proc, pid))
 
 
 def scan(paths, include_maps=True, proc=PROC):
@@ -113,14 +105,14 @@ def scan(paths, include_maps=True, proc=PROC):
     needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in sorted(wanted)))
     for pid in _pids(proc):
         found = set()
-        for target in _fd_targets(pid, proc):
-            original = wanted.get(_kernel_path(target))
+        for target in fd_targets(pid, proc):
+            original = wanted.get(kernel_path(target))
             if original is not None:
                 found.add(original)
         if include_maps:
             mapped = _mapped_paths(pid, needle, proc)
             if mapped is None:
-                mapped = [_kernel_path(t) for t in _map_files_targets(pid, proc)]
+                mapped = [kernel_path(t) for t in _map_files_targets(pid, proc)]
             for target in mapped:
                 original = wanted.get(target)
                 if original is not None:
@@ -140,3 +132,253 @@ def holders_of(paths, include_maps=True):
     for pids in result.values():
         pids.sort()
     return result
+
+
+# --- the process table: one read of /proc/PID/stat per process ---------------------------
+
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h: this task is a kernel thread
+
+
+def read_stat(pid, proc=PROC):
+    """{pid, comm, state, ppid, flags, starttime} from /proc/PID/stat, or None if gone.
+
+    starttime (clock ticks since boot) is the process's identity: a reused pid has another.
+    """
+    try:
+        with open("%s/%d/stat" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    # comm sits in parentheses and may itself contain ") ", so split at the last one.
+    close = data.rfind(b")")
+    if close < 0:
+        return None
+    rest = data[close + 2:].split()
+    if len(rest) < 20:
+        return None
+    return {
+        "pid": pid,
+        "comm": os.fsdecode(data[data.find(b"(") + 1:close]),
+        "state": os.fsdecode(rest[0]),
+        "ppid": int(rest[1]),
+        "flags": int(rest[6]),
+        "starttime": int(rest[19]),
+    }
+
+
+def read_cmdline(pid, proc=PROC):
+    """The argument vector, or [] for kernel threads, zombies and vanished processes."""
+    try:
+        with open("%s/%d/cmdline" % (proc, pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return []
+    return [os.fsdecode(arg) for arg in data.rstrip(b"\0").split(b"\0")] if data else []
+
+
+def read_cgroup(pid, proc=PROC):
+    """/proc/PID/cgroup as text ('' if unreadable): matched by substring, e.g. '/lxc/129/'."""
+    try:
+        with open("%s/%d/cgroup" % (proc, pid), "rb") as handle:
+            return os.fsdecode(handle.read())
+    except OSError:
+        return ""
+
+
+def is_kernel_thread(stat):
+    return bool(stat["flags"] & _PF_KTHREAD) or stat["pid"] == 2 or stat["ppid"] == 2
+
+
+def process_table(with_cmdline=False, proc=PROC):
+    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass."""
+    table = {}
+    for pid in _pids(proc):
+        stat = read_stat(pid, proc)
+        if stat is None:
+            continue
+        if with_cmdline:
+            stat["cmdline"] = read_cmdline(pid, proc)
+        table[pid] = stat
+    return table
+
+
+def ancestors(pid, proc=PROC):
+    """pid itself and every ancestor up to (and including) pid 1, read live."""
+    chain = []
+    seen = set()
+    while pid > 0 and pid not in seen:
+        seen.add(pid)
+        chain.append(pid)
+        stat = read_stat(pid, proc)
+        if stat is None:
+            break
+        pid = stat["ppid"]
+    return chain
+
+
+def children_index(table):
+    """{ppid: [pids]} from a process table."""
+    index = {}
+    for pid, stat in table.items():
+        index.setdefault(stat["ppid"], []).append(pid)
+    return index
+
+
+def descendants(roots, index, stop):
+    """Every descendant of roots, breadth first, never walking into or through a pid for
+    which stop(pid) is true: an excluded process shields its own children too."""
+    found = []
+    seen = set(roots)
+    queue = list(roots)
+    while queue:
+        parent = queue.pop(0)
+        for child in sorted(index.get(parent, ())):
+            if child in seen or stop(child):
+                continue
+            seen.add(child)
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def name_is_protected(names, comm, protect):
+    """True if any of a process's names is in protect.
+
+    The kernel truncates comm to 15 bytes, so a comm of exactly 15 characters also counts
+    when a protected name starts with it: erring towards sparing a process is the safe side.
+    """
+    if any(name in protect for name in names if name):
+        return True
+    return len(comm) == 15 and any(p.startswith(comm) for p in protect)
+
+
+# --- signalling: TERM everything at once, wait, KILL what remains, wait ------------------
+
+class _Handle(object):
+    """One target pinned to its identity.
+
+    With pidfds (Linux >= 5.3, Python >= 3.9) the descriptor is opened first and the start
+    time checked after, so every later signal reaches exactly this process or nobody, and
+    poll() on the descriptors wakes us the moment a process exits (zombie included).
+    Without them we recheck the start time before each kill() and poll /proc.
+    """
+
+    def __init__(self, pid, starttime, proc=PROC):
+        self.pid = pid
+        self.starttime = starttime
+        self.proc = proc
+        self.pidfd = None
+        self.gone = False
+        self.gone_at = None
+        self.signal = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                self.pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self.gone = True
+                return
+            except OSError:
+                self.pidfd = None  # kernel without pidfd support: fall back to kill()
+        stat = read_stat(pid, proc)
+        if stat is None or stat["starttime"] != starttime or stat["state"] in ("Z", "X"):
+            self.gone = True
+            self.close()
+
+    def alive(self):
+        if self.gone:
+            return False
+        stat = read_stat(self.pid, self.proc)
+        return stat is not None and stat["starttime"] == self.starttime and stat["state"] not in ("Z", "X")
+
+    def send(self, signum):
+        """Deliver signum; False if the process turned out to be gone already."""
+        if self.gone:
+            return False
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            elif self.alive():
+                os.kill(self.pid, signum)
+            else:
+                return False
+        except ProcessLookupError:
+            return False
+        return True
+
+    def close(self):
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def _reap(pid):
+    """Collect the exit status if the target happens to be our own child, so it does not
+    linger as our zombie; for anyone else's process this is a no-op."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except OSError:
+        pass
+
+
+def _wait(handles, deadline, started, clock):
+    """Mark handles gone as they exit, until all are gone or the deadline passes."""
+    delay = 0.002
+    while True:
+        waiting = [h for h in handles if not h.gone]
+        now = clock()
+        for handle in waiting:
+            if not handle.alive():
+                handle.gone = True
+                handle.gone_at = now - started
+                _reap(handle.pid)
+        waiting = [h for h in waiting if not h.gone]
+        if not waiting or now >= deadline:
+            return
+        timeout = max(0.0, deadline - now)
+        with_fd = [h for h in waiting if h.pidfd is not None]
+        if len(with_fd) == len(waiting):
+            # Every survivor has a pidfd: sleep until one exits instead of polling.
+            poller = select.poll()
+            for handle in with_fd:
+                poller.register(handle.pidfd, select.POLLIN)
+            poller.poll(timeout * 1000.0)
+        else:
+            time.sleep(min(delay, timeout))
+            delay = min(delay * 2, 0.05)
+
+
+def terminate(targets, grace_period, kill_timeout, proc=PROC, clock=time.monotonic):
+    """Stop targets, a list of (pid, starttime): SIGTERM to all at once, SIGKILL to those
+    still there after grace_period, then wait up to kill_timeout.
+
+    Returns (ended, survivors, signalled): ended is [{pid, signal, seconds}] for every
+    process that we signalled and that is gone (exited or zombie), signal being the one
+    after which it went; survivors are the pids still alive; signalled is how many
+    processes received at least one signal.
+    """
+    started = clock()
+    handles = [_Handle(pid, starttime, proc) for pid, starttime in targets]
+    signalled = 0
+    try:
+        for handle in handles:
+            if handle.send(signal.SIGTERM):
+                handle.signal = "SIGTERM"
+                signalled += 1
+            else:
+                handle.gone = True
+        _wait(handles, started + grace_period, started, clock)
+        for handle in handles:
+            if not handle.gone:
+                if handle.send(signal.SIGKILL):
+                    handle.signal = "SIGKILL"
+                else:
+                    handle.gone = True
+                    handle.gone_at = clock() - started
+        _wait(handles, clock() + kill_timeout, started, clock)
+    finally:
+        for handle in handles:
+            handle.close()
+    ended = [{"pid": h.pid, "signal": h.signal, "seconds": round(h.gone_at, 3)}
+             for h in handles if h.gone and h.signal is not None and h.gone_at is not None]
+    survivors = [h.pid for h in handles if not h.gone]
+    return ended, survivors, signalled
