@@ -1,0 +1,66 @@
+# cleanslate.gpu: one place for setup, the demo, the tests and the benchmarks.
+# `make demo` and `make test` work on a fresh Debian 12 machine as root.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BUILD := build
+LINK := .ansible/collections/ansible_collections/cleanslate/gpu
+# Ansible must never guess the interpreter here (pyenv shims can point at a Python that
+# does not exist): local runs use the venv's.
+export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint bench clean
+
+setup: os-deps $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1
+
+os-deps:
+	@tools/install_os_deps.sh
+
+$(VENV)/.installed: requirements.txt requirements-test.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test.txt -c constraints.txt
+	touch $@
+
+# Resolve cleanslate.gpu to this checkout without installing it (ansible.cfg looks here).
+$(LINK):
+	mkdir -p $(dir $(LINK))
+	ln -sfn ../../../.. $(LINK)
+
+$(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(VENV)/.installed
+	$(PY) -m tests.fixtures.fake_nvml build $(BUILD)/fake_nvml
+
+demo: setup
+	$(PY) tools/demo.py
+
+test: setup sanity pytest lint
+
+sanity: setup
+	$(PY) tools/prepare_ansible_test.py $(BUILD)/ansible-test >/dev/null
+	cd $(BUILD)/ansible-test/ansible_collections/cleanslate/gpu && \
+		ansible-test sanity --venv --python 3.11 --color no
+
+pytest: unit functional integration
+
+unit: setup
+	$(PY) -m pytest tests/unit -q
+
+# Functional tests wait on real processes and signals: run them four at a time.
+functional: setup
+	$(PY) -m pytest tests/functional -q -n 4
+
+# The integration tests boot a fleet of systemd hosts once per session: one worker.
+# (Exit 5, no test collected, is accepted only here, while later issues add them.)
+integration: setup
+	$(PY) -m pytest tests/integration -q; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ]
+
+lint: setup
+	ansible-lint --profile production
+	antsibull-changelog lint
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf $(BUILD) .ansible tests/output reports

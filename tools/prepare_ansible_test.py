@@ -1,0 +1,66 @@
+"""Prepare an offline-capable ansible-test run.
+
+1. Install tools/offline_get_pip.py where ansible-test looks for its cached get-pip
+   (~/.ansible/test/cache/get_pip_<version>.py), for the pip version this ansible-test pins.
+2. Copy the collection (tracked and untracked-but-not-ignored files) to
+   BUILD/ansible_collections/cleanslate/gpu, the only kind of path ansible-test runs from.
+
+Usage: python tools/prepare_ansible_test.py BUILD_DIR  (prints the collection copy's path)
+"""
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import ansible_test
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pinned_pip_version() -> str:
+    source = Path(ansible_test.__file__).parent / "_internal" / "python_requirements.py"
+    match = re.search(r"default_packages = dict\(\s*pip='([0-9.]+)'", source.read_text())
+    if not match:
+        sys.exit("prepare_ansible_test: cannot find the pip version ansible-test pins in " + str(source))
+    return match.group(1)
+
+
+def install_bootstrap() -> Path:
+    version = pinned_pip_version()
+    target = Path.home() / ".ansible" / "test" / "cache" / ("get_pip_%s.py" % version.replace(".", "_"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "tools" / "offline_get_pip.py", target)
+    return target
+
+
+def copy_collection(build: Path) -> Path:
+    dest = build / "ansible_collections" / "cleanslate" / "gpu"
+    if dest.exists():
+        shutil.rmtree(dest)
+    listing = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listing):
+        src = REPO / rel
+        if not src.is_file() or src.is_symlink() and not src.exists():
+            continue  # deleted in the work tree, or a dangling link
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
+    # The copy sits inside this checkout's ignored build/, where ansible-test's `git ls-files`
+    # would see nothing: give it a repository of its own that lists exactly these files.
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    return dest
+
+
+def main():
+    build = Path(sys.argv[1]).resolve()
+    install_bootstrap()
+    print(copy_collection(build))
+
+
+if __name__ == "__main__":
+    main()
