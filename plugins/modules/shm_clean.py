@@ -1,0 +1,440 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) 2025, cleanslate.gpu contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: shm_clean
+short_description: Remove crash leftovers from /dev/shm without touching a live segment
+version_added: 0.1.0
+description:
+  - Removes the shared memory segments that a crashed NCCL, PyTorch, multiprocessing or vLLM process
+    left in O(path), so that the next server start does not fail with "No space left on device".
+  - Only the top-level entries of O(path) whose names match O(patterns) and no O(exclude) pattern are
+    considered. Regular files are removed. A matching symbolic link is removed as a link; its target is
+    never touched. Directories and other file types are never removed; they are reported in RV(skipped).
+  - An entry is B(in use) when a live process has it open or mapped (C(/proc/PID/fd), C(/proc/PID/maps),
+    C(/proc/PID/map_files)); a segment stays mapped after its file descriptor was closed, so the maps are
+    read too. A C(torch_<pid>_*) entry is also in use while the process whose pid its name carries is alive.
+    In-use entries are kept unless O(remove_in_use=true).
+  - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
+    relative to a descriptor of the directory.
+author:
+  - cleanslate.gpu contributors
+requirements:
+  - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Nothing is removed; RV(removed) lists what would be removed.
+  diff_mode:
+    support: full
+    details:
+      - The names in O(path) before and after the run.
+  platform:
+    platforms: posix
+    details:
+      - Linux only; the in-use check reads C(/proc).
+options:
+  path:
+    description:
+      - The directory to clean. It must be an absolute path to an existing directory and must not itself be a
+        symbolic link.
+    type: path
+    default: /dev/shm
+  patterns:
+    description:
+      - Shell-style patterns (C(*), C(?), C([...])) matched against the names of the top-level entries of O(path).
+      - A pattern must not contain C(/) or C(..).
+    type: list
+    elements: str
+    default: ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*']
+  exclude:
+    description:
+      - Names matching any of these shell-style patterns are left alone even when they match O(patterns).
+      - A pattern must not contain C(/) or C(..).
+    type: list
+    elements: str
+    default: []
+  min_age:
+    description:
+      - Keep entries modified less than this many seconds ago, for example segments that a server
+        starting right now is creating. C(0) considers every entry regardless of age.
+    type: float
+    default: 0
+  remove_in_use:
+    description:
+      - Also remove entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive.
+      - The processes keep their mappings; the space returns when they exit.
+    type: bool
+    default: false
+notes:
+  - When one entry cannot be removed (for example permission denied), the other entries are still processed
+    and the task fails at the end, naming each entry that could not be removed.
+seealso:
+  - module: cleanslate.gpu.gpu_reset
+"""
+
+EXAMPLES = r"""
+- name: Remove the leftovers of a crashed inference server from /dev/shm
+  cleanslate.gpu.shm_clean:
+
+- name: Remove only NCCL segments older than a minute, keep one job's segments
+  cleanslate.gpu.shm_clean:
+    patterns:
+      - nccl-*
+    exclude:
+      - nccl-keep-*
+    min_age: 60
+
+- name: Show what would be removed, without removing anything
+  cleanslate.gpu.shm_clean:
+  check_mode: true
+  diff: true
+  register: shm_plan
+"""
+
+RETURN = r"""
+removed:
+  description:
+    - The entries removed; in check mode, the entries that would be removed.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Absolute path of the entry.
+      type: str
+      sample: /dev/shm/nccl-Ab12Cd
+    bytes:
+      description:
+        - Space the entry occupied in the file system (allocated blocks, what C(df) counts). A symbolic link,
+          or a name of a file that has other hard links, frees nothing and reports C(0).
+      type: int
+      sample: 33554432
+    size:
+      description: Apparent size of the entry (C(st_size)).
+      type: int
+      sample: 33554432
+    mtime:
+      description: Modification time of the entry, seconds since the epoch.
+      type: float
+      sample: 1732870000.25
+  sample: [{"path": "/dev/shm/nccl-Ab12Cd", "bytes": 33554432, "size": 33554432, "mtime": 1732870000.25}]
+in_use:
+  description:
+    - Matching entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive.
+      They are kept, unless O(remove_in_use=true), in which case they are also listed in RV(removed).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Absolute path of the entry.
+      type: str
+      sample: /dev/shm/psm_3f2a9c1e
+    pids:
+      description: Sorted pids of the live processes that use the entry.
+      type: list
+      elements: int
+      sample: [4242]
+  sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
+skipped:
+  description: Matching entries that were kept for another reason, with that reason.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Absolute path of the entry.
+      type: str
+      sample: /dev/shm/nccl-cache
+    why:
+      description: Why the entry was kept.
+      type: str
+      sample: a directory; directories are never removed
+  sample: [{"path": "/dev/shm/nccl-cache", "why": "a directory; directories are never removed"}]
+errors:
+  description: Entries that could not be examined or removed, with the error. The task fails when this is not empty.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Absolute path of the entry.
+      type: str
+      sample: /dev/shm/nccl-Zz99
+    error:
+      description: The operating system's error.
+      type: str
+      sample: "[Errno 1] Operation not permitted"
+  sample: []
+bytes_freed:
+  description: Sum of RV(removed[].bytes); in check mode, what would be freed.
+  returned: always
+  type: int
+  sample: 33554432
+"""
+
+import fnmatch
+import os
+import re
+import stat
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import holders_of
+
+DEFAULT_PATTERNS = ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*']
+
+# PyTorch's shared memory manager names its segments torch_<creator pid>_<random>_<counter>.
+TORCH_NAME = re.compile(r'^torch_([0-9]{1,10})_')
+
+
+def pattern_problem(pattern):
+    """Why a name pattern is unsafe, or None. A pattern selects names inside one directory only."""
+    if not pattern:
+        return 'is empty'
+    if '/' in pattern:
+        return "contains '/'; patterns match names inside path only"
+    if '..' in pattern:
+        return "contains '..'; patterns match names inside path only"
+    if '\0' in pattern:
+        return 'contains a NUL byte'
+    return None
+
+
+def input_problems(params):
+    """Every problem with the arguments, as messages; empty when they are usable."""
+    problems = []
+    if not os.path.isabs(params['path']):
+        problems.append('path %r must be an absolute path' % params['path'])
+    for option in ('patterns', 'exclude'):
+        for pattern in params[option] or []:
+            why = pattern_problem(pattern)
+            if why:
+                problems.append('%s entry %r %s' % (option, pattern, why))
+    if params['min_age'] < 0:
+        problems.append('min_age must be 0 or more seconds, got %s' % params['min_age'])
+    return problems
+
+
+def selected(name, patterns, exclude):
+    """True when name matches a pattern and no exclude pattern (case-sensitive, like the shell)."""
+    if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
+        return False
+    return not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+
+
+def torch_creator(name):
+    """The creator pid a torch_<pid>_* name carries, or None."""
+    match = TORCH_NAME.match(name)
+    if not match:
+        return None
+    pid = int(match.group(1))
+    return pid if pid > 0 else None
+
+
+def pid_alive(pid):
+    """True when pid is a live (not zombie) process. Reads only /proc/<pid>/stat; never signals."""
+    try:
+        with open('/proc/%d/stat' % pid, 'rb') as handle:
+            data = handle.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        # Exists but unreadable: count it as alive, which keeps the segment.
+        return True
+    # The state follows the last ')' since the command name itself may hold ')'.
+    state = data[data.rfind(b')') + 2:data.rfind(b')') + 3]
+    return state not in (b'Z', b'X', b'x')
+
+
+def open_directory(path):
+    """A descriptor of path, refusing a symlink, a missing path or a non-directory with one clear message."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, 'path %s does not exist' % path
+    except OSError as exc:
+        return None, 'path %s cannot be examined: %s' % (path, exc)
+    if stat.S_ISLNK(st.st_mode):
+        return None, 'path %s is a symbolic link; give the real directory (links are never followed)' % path
+    if not stat.S_ISDIR(st.st_mode):
+        return None, 'path %s is not a directory' % path
+    try:
+        # O_NOFOLLOW closes the window between the lstat above and this open.
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, 'path %s cannot be opened as a directory: %s' % (path, exc)
+    return fd, None
+
+
+def real_dir(fd, path):
+    """The path the kernel reports for the open directory: /proc/PID/fd and maps name files by it."""
+    try:
+        return os.readlink('/proc/self/fd/%d' % fd)
+    except OSError:
+        return os.path.realpath(path)
+
+
+def kind_of(mode):
+    """A word for a file type that is never removed."""
+    for test, word in ((stat.S_ISDIR, 'a directory; directories are never removed'),
+                       (stat.S_ISFIFO, 'a FIFO; only regular files and symbolic links are removed'),
+                       (stat.S_ISSOCK, 'a socket; only regular files and symbolic links are removed'),
+                       (stat.S_ISCHR, 'a character device; only regular files and symbolic links are removed'),
+                       (stat.S_ISBLK, 'a block device; only regular files and symbolic links are removed')):
+        if test(mode):
+            return word
+    return 'not a regular file or symbolic link'
+
+
+def freed_bytes(st):
+    """Space that unlinking this name gives back."""
+    if stat.S_ISLNK(st.st_mode) or st.st_nlink > 1:
+        return 0
+    return st.st_blocks * 512
+
+
+def survey(fd, base, params, now):
+    """Classify every top-level entry: (names, candidates, skipped, errors).
+
+    candidates are (name, lstat) of entries that may be removed if no live process uses them.
+    """
+    names, candidates, skipped, errors = [], [], [], []
+    with os.scandir(fd) as entries:
+        names = sorted(entry.name for entry in entries)
+    for name in names:
+        if not selected(name, params['patterns'], params['exclude']):
+            continue
+        full = os.path.join(base, name)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            skipped.append({'path': full, 'why': 'disappeared during the run'})
+            continue
+        except OSError as exc:
+            errors.append({'path': full, 'error': str(exc)})
+            continue
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            skipped.append({'path': full, 'why': kind_of(st.st_mode)})
+            continue
+        age = now - st.st_mtime
+        if params['min_age'] > 0 and age < params['min_age']:
+            skipped.append({'path': full, 'why': 'modified %.1f s ago, less than min_age %s s' % (max(age, 0.0), params['min_age'])})
+            continue
+        candidates.append((name, st))
+    return names, candidates, skipped, errors
+
+
+def users_of(base, candidates):
+    """{name: sorted pids} for candidates a live process opens, maps, or (torch_<pid>_*) created."""
+    # A symlink is removed as a link, so only regular files are asked about; /proc names the target.
+    files = [os.path.join(base, name) for name, st in candidates if stat.S_ISREG(st.st_mode)]
+    holders = holders_of(files, include_maps=True) if files else {}
+    users = {}
+    for name, st in candidates:
+        pids = set(holders.get(os.path.join(base, name)) or [])
+        creator = torch_creator(name)
+        if creator is not None and pid_alive(creator):
+            pids.add(creator)
+        if pids:
+            users[name] = sorted(pids)
+    return users
+
+
+def unlink_if_unchanged(fd, name, st):
+    """Unlink name unless it was replaced or rewritten since it was examined. Returns a skip reason or None."""
+    now_st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    if (now_st.st_dev, now_st.st_ino, now_st.st_mtime_ns) != (st.st_dev, st.st_ino, st.st_mtime_ns):
+        return 'changed during the run; left for the next run'
+    os.unlink(name, dir_fd=fd)
+    return None
+
+
+def clean(module, fd, base):
+    """Plan, then (outside check mode) remove. Returns the result dict."""
+    params = module.params
+    names, candidates, skipped, errors = survey(fd, base, params, time.time())
+    try:
+        users = users_of(base, candidates)
+    except OSError as exc:
+        # Without the scan nothing can be proven unused, so nothing is removed.
+        module.fail_json(msg='cannot tell which entries are in use, nothing removed: %s' % exc)
+    in_use = [{'path': os.path.join(base, name), 'pids': users[name]} for name, st in candidates if name in users]
+    removed = []
+    for name, st in candidates:
+        if name in users and not params['remove_in_use']:
+            continue
+        full = os.path.join(base, name)
+        if not module.check_mode:
+            try:
+                why = unlink_if_unchanged(fd, name, st)
+            except FileNotFoundError:
+                why = 'disappeared during the run'
+            except OSError as exc:
+                errors.append({'path': full, 'error': str(exc)})
+                continue
+            if why:
+                skipped.append({'path': full, 'why': why})
+                continue
+        removed.append({'path': full, 'bytes': freed_bytes(st), 'size': st.st_size, 'mtime': st.st_mtime})
+    result = {
+        'changed': bool(removed),
+        'removed': removed,
+        'in_use': in_use,
+        'skipped': skipped,
+        'errors': errors,
+        'bytes_freed': sum(item['bytes'] for item in removed),
+    }
+    if module._diff:
+        gone = set(os.path.basename(item['path']) for item in removed)
+        result['diff'] = {
+            'before_header': base,
+            'after_header': base,
+            'before': ''.join(name + '\n' for name in names),
+            'after': ''.join(name + '\n' for name in names if name not in gone),
+        }
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type='path', default='/dev/shm'),
+            patterns=dict(type='list', elements='str', default=list(DEFAULT_PATTERNS)),
+            exclude=dict(type='list', elements='str', default=[]),
+            min_age=dict(type='float', default=0),
+            remove_in_use=dict(type='bool', default=False),
+        ),
+        supports_check_mode=True,
+    )
+    problems = input_problems(module.params)
+    if problems:
+        module.fail_json(msg='; '.join(problems))
+    fd, problem = open_directory(module.params['path'])
+    if problem:
+        module.fail_json(msg=problem)
+    try:
+        result = clean(module, fd, real_dir(fd, module.params['path']))
+    finally:
+        os.close(fd)
+    if result['errors']:
+        module.fail_json(
+            msg='could not examine or remove %d entr%s: %s' % (
+                len(result['errors']), 'y' if len(result['errors']) == 1 else 'ies',
+                '; '.join('%s (%s)' % (item['path'], item['error']) for item in result['errors'])),
+            **result)
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()
