@@ -1,0 +1,447 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) 2025, cleanslate.gpu contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: pycache_purge
+short_description: Remove bytecode that no longer matches its source, so a patched file really runs
+version_added: 0.1.0
+description:
+  - After a file inside an installed package is patched, Python may keep loading the old bytecode from
+    C(__pycache__) and silently ignore the patch. This module removes that bytecode for the interpreter
+    that runs the service, so the next start compiles the patched source.
+  - The targets are O(paths) (source files or directory trees) and O(modules) (dotted names found on the
+    C(sys.path) of O(python) B(without importing) them or their parent packages).
+  - For every source, the bytecode is C(__pycache__/<name>.<cache tag>[.opt-1|.opt-2].pyc) for every cache tag
+    present and, when the environment of O(python) sets E(PYTHONPYCACHEPREFIX), the same files under that prefix.
+  - With O(mode=stale), a C(.pyc) compiled for O(python) is removed when its source no longer exists; when it is
+    timestamp-based and its recorded mtime or size differs from the source; when it is hash-based (checked or
+    unchecked) and its recorded hash differs from the source's hash as O(python) computes it; when its magic
+    number or header is not valid for O(python); or when its code differs from what the current source compiles
+    to under O(python), which catches a patch that kept the source's size and mtime (C(cp -p), C(rsync -t), tar,
+    an edit within the same second) and that Python itself cannot see. See O(compare_code).
+  - A C(.pyc) compiled for another interpreter (another cache tag) is kept and reported in RV(skipped) unless its
+    source no longer exists; check it by running the module again with O(python) set to that interpreter, or
+    remove it with O(mode=all).
+  - With O(mode=all), every C(.pyc) of the targets is removed.
+  - The comparison runs under O(python) itself (a probe script sent on its standard input), because the bytecode
+    format, cache tag and source hash belong to that interpreter, not to the one that runs Ansible.
+  - Only files whose names end in C(.pyc) inside C(__pycache__) directories under the targets (or inside the
+    targets' mirror under E(PYTHONPYCACHEPREFIX)) are ever removed. C(.pyc) files outside C(__pycache__) and other
+    files inside it are never touched.
+  - Symbolic links to directories are followed only when they stay inside the targets. Symbolic link loops,
+    links out of the targets and unreadable directories are reported in RV(problems) and as warnings, not errors.
+author:
+  - cleanslate.gpu contributors
+requirements:
+  - O(python) must be CPython or PyPy 3.8 or later. The module itself runs on Python 3.9 or later.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Nothing is removed; RV(removed) lists what would be removed.
+  diff_mode:
+    support: full
+    details:
+      - The bytecode files that go, one per line with the reason; nothing is listed after.
+  platform:
+    platforms: posix
+options:
+  paths:
+    description:
+      - Source files and directory trees whose bytecode is checked. Each must be an absolute path that exists.
+      - A directory is searched recursively for C(__pycache__) directories.
+      - At least one of O(paths) and O(modules) must be given.
+    type: list
+    elements: path
+  modules:
+    description:
+      - Dotted module or package names, for example C(vllm.v1.spec_decode.eagle) or C(vllm), found on the
+        C(sys.path) of O(python) without importing anything. A package means its whole directory tree.
+      - An unknown name is an error that lists the directories searched; nothing is removed then.
+    type: list
+    elements: str
+  python:
+    description:
+      - The interpreter whose C(sys.path), cache tag, magic number and compiler count, normally the one that
+        runs the inference server (for example C(/opt/vllm/.venv/bin/python)).
+      - Defaults to the interpreter that runs this module.
+    type: path
+  mode:
+    description:
+      - V(stale) removes only bytecode that does not match its source (see the description).
+      - V(all) removes every C(.pyc) of the targets, for every interpreter.
+    type: str
+    choices: [stale, all]
+    default: stale
+  compare_code:
+    description:
+      - When O(mode=stale) compiles a source to compare its code with a C(.pyc) whose header matches.
+      - V(auto) compiles only when the source's inode changed (its ctime) at or after the time the C(.pyc) was
+        written. A patch always changes the ctime, even when C(cp -p) or C(rsync -t) restore the mtime, so this
+        finds every patch made after the bytecode, at the cost of a C(stat) for fresh files.
+      - V(always) compiles every source whose C(.pyc) header matches (slow on large trees, about 2.5 ms per
+        file, spread over the CPUs).
+      - V(never) trusts a matching header, as Python does.
+    type: str
+    choices: [auto, always, never]
+    default: auto
+notes:
+  - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
+  - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task
+    fails at the end, naming each one in RV(errors).
+seealso:
+  - module: cleanslate.gpu.gpu_reset
+  - module: cleanslate.gpu.shm_clean
+"""
+
+EXAMPLES = r"""
+- name: Make a patched vLLM file run on the next start
+  cleanslate.gpu.pycache_purge:
+    modules:
+      - vllm.v1.spec_decode.eagle
+    python: /opt/vllm/.venv/bin/python
+
+- name: Remove stale bytecode from the whole vLLM and SGLang trees
+  cleanslate.gpu.pycache_purge:
+    modules:
+      - vllm
+      - sglang
+    python: /opt/vllm/.venv/bin/python
+
+- name: Remove all bytecode under a directory, for every interpreter
+  cleanslate.gpu.pycache_purge:
+    paths:
+      - /opt/vllm/.venv/lib/python3.11/site-packages/vllm
+    mode: all
+
+- name: Show what would go, without removing anything
+  cleanslate.gpu.pycache_purge:
+    paths:
+      - /opt/vllm/.venv/lib/python3.11/site-packages/vllm/v1/spec_decode/eagle.py
+    python: /opt/vllm/.venv/bin/python
+  check_mode: true
+  diff: true
+  register: pycache_plan
+"""
+
+RETURN = r"""
+removed:
+  description:
+    - The bytecode files removed; in check mode, the files that would be removed.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pyc:
+      description: Absolute path of the C(.pyc) file.
+      type: str
+      sample: /opt/vllm/lib/python3.11/site-packages/vllm/__pycache__/envs.cpython-311.pyc
+    source:
+      description: The source it was compiled from (which may no longer exist); null when the name carries no tag.
+      type: str
+      sample: /opt/vllm/lib/python3.11/site-packages/vllm/envs.py
+    reason:
+      description:
+        - Why it goes. One of C(source missing), C(mtime differs), C(size differs), C(hash differs),
+          C(code differs), C(source does not compile), C(magic number differs), C(corrupt header: ...),
+          C(corrupt bytecode), C(mode all).
+      type: str
+      sample: code differs
+  sample: [{"pyc": "/site/vllm/__pycache__/envs.cpython-311.pyc", "source": "/site/vllm/envs.py", "reason": "code differs"}]
+checked:
+  description: How many C(.pyc) files of the targets were examined (for every interpreter).
+  returned: always
+  type: int
+  sample: 2113
+skipped:
+  description:
+    - C(.pyc) files that were kept without a full check, with the reason, for example bytecode of another
+      interpreter whose source still exists.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pyc:
+      description: Absolute path of the C(.pyc) file.
+      type: str
+      sample: /site/vllm/__pycache__/envs.cpython-310.pyc
+    source:
+      description: The source it belongs to, or null when the name carries no interpreter tag.
+      type: str
+      sample: /site/vllm/envs.py
+    reason:
+      description: Why it was not checked.
+      type: str
+      sample: compiled for cpython-310; this interpreter is cpython-311
+  sample: []
+problems:
+  description: Directories or files that could not be examined, symbolic link loops and links out of the targets. Not fatal.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The path concerned.
+      type: str
+      sample: /site/vllm/loop
+    problem:
+      description: What is wrong with it.
+      type: str
+      sample: "symlink loop: points to its own ancestor /site/vllm"
+  sample: []
+errors:
+  description: C(.pyc) files that could not be removed, with the error. The task fails when this is not empty.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: Absolute path of the C(.pyc) file.
+      type: str
+      sample: /site/vllm/__pycache__/envs.cpython-311.pyc
+    error:
+      description: The operating system's error.
+      type: str
+      sample: "[Errno 30] Read-only file system"
+  sample: []
+targets:
+  description: The files and directory trees examined, with what named them (C(paths) or C(module <name>)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"root": "/site/vllm/v1/spec_decode/eagle.py", "from": "module vllm.v1.spec_decode.eagle"}]
+python:
+  description: The interpreter that judged the bytecode.
+  returned: always
+  type: dict
+  contains:
+    executable:
+      description: Its C(sys.executable).
+      type: str
+      sample: /opt/vllm/.venv/bin/python
+    version:
+      description: Its version.
+      type: str
+      sample: 3.11.7
+    cache_tag:
+      description: Its cache tag; only C(.pyc) files with this tag are checked in full.
+      type: str
+      sample: cpython-311
+    pycache_prefix:
+      description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null.
+      type: str
+      sample: null
+  sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null}
+compared:
+  description: How many sources were compiled to compare their code with a C(.pyc) whose header matched.
+  returned: always
+  type: int
+  sample: 3
+elapsed_s:
+  description: Seconds the module took.
+  returned: always
+  type: float
+  sample: 0.42
+"""
+
+import json
+import os
+import sys
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
+
+# Problems become warnings too, but a broken tree should not flood the play output.
+MAX_WARNINGS = 20
+
+
+def input_problems(params):
+    """Every problem with the arguments as messages; empty when they are usable."""
+    problems = []
+    if not params['paths'] and not params['modules']:
+        problems.append('nothing to purge: give paths, modules or both')
+    missing = []
+    for path in params['paths'] or []:
+        if not os.path.isabs(path):
+            problems.append('paths entry %r must be an absolute path' % path)
+        elif not os.path.exists(path):
+            missing.append(path)
+    if missing:
+        problems.append('paths that do not exist: %s' % ', '.join(missing))
+    for name in params['modules'] or []:
+        if not name or not all(part.isidentifier() for part in name.split('.')):
+            problems.append('modules entry %r is not a dotted module name' % name)
+    python = params['python']
+    if not os.path.isabs(python):
+        problems.append('python %r must be an absolute path' % python)
+    elif not os.path.exists(python):
+        problems.append('python %s does not exist' % python)
+    elif not os.path.isfile(python) or not os.access(python, os.X_OK):
+        problems.append('python %s is not an executable file' % python)
+    return problems
+
+
+def probe_script(request):
+    """The probe's source with the call that serves this request appended."""
+    loader = _pyc_probe.__spec__.loader
+    source = loader.get_source(_pyc_probe.__name__)
+    if not source:
+        # Only a loader without sources (a bytecode-only install) gets here.
+        with open(_pyc_probe.__file__, 'r') as handle:
+            source = handle.read()
+    return '%s\n\nif __name__ == "__main__":\n    run_main(%r)\n' % (source, json.dumps(request))
+
+
+def run_probe(module, python, request):
+    """Run the probe under python; returns its result or fails the task with why."""
+    rc, out, err = module.run_command([python, '-B', '-'], data=probe_script(request), cwd='/',
+                                      expand_user_and_vars=False)
+    result = None
+    lines = out.strip().splitlines()
+    if lines:
+        try:
+            result = json.loads(lines[-1])
+        except ValueError:
+            result = None
+    if not isinstance(result, dict) or result.get('probe') != _pyc_probe.PROBE_ID:
+        detail = (err or out).strip().splitlines()[-3:]
+        module.fail_json(msg='python %s is not a Python 3.8+ interpreter: it exited with rc %d%s' % (
+            python, rc, (' and said: ' + ' | '.join(detail)) if detail else ' and printed nothing'))
+    if rc != 0 or result.get('error'):
+        module.fail_json(msg=result.get('error') or 'the probe failed under %s (rc %d): %s' % (python, rc, err.strip()),
+                         python=python_info(result))
+    return result
+
+
+def python_info(result):
+    return dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+
+
+def under(path, root):
+    root = root.rstrip(os.sep) or os.sep
+    return path.startswith(root if root == os.sep else root + os.sep)
+
+
+def stem_of(path):
+    """'eagle' for .../eagle.py and for .../__pycache__/eagle.cpython-311.opt-1.pyc."""
+    return os.path.basename(path).split('.', 1)[0]
+
+
+def removable(pyc, targets, prefix):
+    """Safety rule 5, checked here rather than trusted to the probe: only a *.pyc directly inside a
+    __pycache__ directory under a target, or inside a target's PYTHONPYCACHEPREFIX mirror."""
+    if not pyc.endswith('.pyc') or not os.path.isabs(pyc) or os.path.normpath(pyc) != pyc:
+        return False
+    directory = os.path.dirname(pyc)
+    in_pycache = os.path.basename(directory) == '__pycache__'
+    for target in targets:
+        root = target['root']
+        if os.path.isdir(root):
+            mirrors = mirrors_of(prefix, root)
+            if in_pycache and (directory == root or under(directory, root)):
+                return True
+            if any(directory == mirror or under(directory, mirror) for mirror in mirrors):
+                return True
+        elif stem_of(pyc) == stem_of(root):
+            if in_pycache and os.path.dirname(directory) == os.path.dirname(root):
+                return True
+            if directory in mirrors_of(prefix, os.path.dirname(root)):
+                return True
+    return False
+
+
+def mirrors_of(prefix, directory):
+    """Where importlib keeps the bytecode of directory's sources under PYTHONPYCACHEPREFIX (as given, as resolved)."""
+    if not prefix:
+        return set()
+    return set(_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory)))
+
+
+def remove(module, stale):
+    """Unlink each stale pyc (not in check mode). Returns (removed, errors)."""
+    removed, errors = [], []
+    for item in stale:
+        if not module.check_mode:
+            try:
+                os.unlink(item['pyc'])
+            except FileNotFoundError:
+                pass  # gone already (an importer replaced or removed it): the goal is met
+            except OSError as exc:
+                errors.append({'path': item['pyc'], 'error': str(exc)})
+                continue
+        removed.append(item)
+    return removed, errors
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            paths=dict(type='list', elements='path'),
+            modules=dict(type='list', elements='str'),
+            python=dict(type='path'),
+            mode=dict(type='str', default='stale', choices=['stale', 'all']),
+            compare_code=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+        ),
+        supports_check_mode=True,
+    )
+    started = time.monotonic()
+    params = dict(module.params)
+    params['python'] = params['python'] or sys.executable
+    problems = input_problems(params)
+    if problems:
+        module.fail_json(msg='; '.join(problems))
+    python = params['python']
+    request = {
+        'paths': [os.path.normpath(path) for path in params['paths'] or []],
+        'modules': params['modules'] or [],
+        'mode': params['mode'],
+        'compare_code': params['compare_code'],
+    }
+    result = run_probe(module, python, request)
+    targets = result['targets']
+    unsafe = [item['pyc'] for item in result['stale'] if not removable(item['pyc'], targets, result.get('pycache_prefix'))]
+    if unsafe:
+        # The probe and the module disagree about what is a target: remove nothing.
+        module.fail_json(msg='refusing to remove files outside __pycache__ under the targets, nothing removed: %s'
+                         % ', '.join(unsafe[:10]), python=python_info(result))
+    removed, errors = remove(module, result['stale'])
+    for problem in result['problems'][:MAX_WARNINGS]:
+        module.warn('%s: %s' % (problem['path'], problem['problem']))
+    if len(result['problems']) > MAX_WARNINGS:
+        module.warn('%d more problems, see the problems result' % (len(result['problems']) - MAX_WARNINGS))
+    output = {
+        'changed': bool(removed),
+        'removed': removed,
+        'checked': result['checked'],
+        'skipped': result['skipped'],
+        'problems': result['problems'],
+        'errors': errors,
+        'targets': targets,
+        'python': python_info(result),
+        'compared': result['compared'],
+    }
+    if module._diff:
+        output['diff'] = {
+            'before_header': 'bytecode of the targets that goes',
+            'after_header': 'bytecode of the targets that goes',
+            'before': ''.join('%s (%s)\n' % (item['pyc'], item['reason']) for item in removed),
+            'after': '',
+        }
+    output['elapsed_s'] = round(time.monotonic() - started, 3)
+    if errors:
+        module.fail_json(msg='could not remove %d stale bytecode file(s): %s' % (
+            len(errors), '; '.join('%s: %s' % (item['path'], item['error']) for item in errors[:10])), **output)
+    module.exit_json(**output)
+
+
+if __name__ == '__main__':
+    main()
