@@ -62,8 +62,8 @@ def _links_in(directory):
 def _mapped_paths(pid, needle, proc=PROC):
     """Paths in the process's maps that may be wanted, or None if maps was unreadable.
 
-    `needle` is a compiled bytes regex of every wanted path: most processes map none of
-    them, and one search over the whole file is far cheaper than splitting every line.
+    `needle` is a compiled bytes regex that every wanted path matches (their directories):
+    most processes map nothing there, and one search over the whole file is far cheaper than splitting every line.
     """
     try:
         with open("%s/%d/maps" % (proc, pid), "rb") as handle:
@@ -102,7 +102,10 @@ def scan(paths, include_maps=True, proc=PROC):
     held = {}
     if not wanted:
         return held
-    needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in sorted(wanted)))
+    # The prefilter needs only the wanted paths' directories: every wanted path contains its
+    # directory plus "/". Compiling one alternative per path takes seconds for 10,000 paths.
+    prefixes = sorted(set(os.path.join(os.path.dirname(p), "") for p in wanted))
+    needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in prefixes))
     for pid in _pids(proc):
         found = set()
         for target in fd_targets(pid, proc):
