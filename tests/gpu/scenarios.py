@@ -1,0 +1,273 @@
+"""Crash scenarios against a real NVIDIA driver, each followed by playbooks/reset.yml on
+localhost and checked the way an operator would check: NVML v2 memory back to idle, the
+protected daemon alive, nvml_verify passing, the report written, a second run unchanged.
+
+    python3 -m tests.gpu.scenarios --out DIR
+
+Run by tests/gpu/run.sh (which sets up ansible from carried wheels). Before each reset a
+check-mode gpu_reset lists its targets; if any target is not a process this script started,
+the scenario stops without signalling anything (a real GPU machine may run things of others).
+Nothing here resets a GPU or changes a GPU setting.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent.parent
+PY = sys.executable
+TAG = "cleanslate-gpu-scenario-serve"
+IDLE_MIB = 16  # nvml_verify's default max_memory_used_mib
+
+
+def nvml_read() -> dict:
+    """One NVML reading in a child process, so this process never holds the device files."""
+    code = ("import json,pynvml as n;n.nvmlInit();"
+            "h=[n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())];"
+            "m=lambda x:x//1048576;"
+            "print(json.dumps([{'index':i,'v1_used_mib':m(n.nvmlDeviceGetMemoryInfo(g).used),"
+            "'v2_used_mib':m(n.nvmlDeviceGetMemoryInfo(g,version=n.nvmlMemory_v2).used),"
+            "'v2_reserved_mib':m(n.nvmlDeviceGetMemoryInfo(g,version=n.nvmlMemory_v2).reserved),"
+            "'pids':[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(g)]} for i,g in enumerate(h)]));"
+            "n.nvmlShutdown()")
+    return json.loads(subprocess.run([PY, "-c", code], check=True, capture_output=True, text=True).stdout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Started:
+    """Processes this script started, by pid, for the preflight guard and the cleanup."""
+
+    def __init__(self):
+        self.procs = []
+        self.pids = set()
+
+    def start(self, role: str, workdir: Path, mib: int = 1024, timeout: float = 300) -> dict:
+        ready = workdir / ("%s-%d.json" % (role, len(self.procs)))
+        argv = [PY, "-m", "tests.gpu.holders", role, "--ready", str(ready), "--mib", str(mib), "--tag", TAG]
+        proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while not ready.exists():
+            if proc.poll() not in (None, 0) or time.monotonic() > deadline:
+                raise RuntimeError("%s did not get ready (rc=%s)" % (role, proc.poll()))
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        self.pids.update(info["pids"])
+        self.pids.add(proc.pid)
+        return info
+
+    def reap(self):
+        for proc in self.procs:
+            proc.poll()
+
+    def kill_all(self):
+        for pid in sorted(self.pids):
+            if alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def ansible_env() -> dict:
+    env = dict(os.environ)
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    env["ANSIBLE_PYTHON_INTERPRETER"] = PY
+    env["ANSIBLE_STDOUT_CALLBACK"] = "default"
+    return env
+
+
+def preflight_targets(protect: list) -> list:
+    """gpu_reset in check mode: what the reset would signal, nothing signalled."""
+    args = json.dumps({"protect_names": protect})
+    out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", "cleanslate.gpu.gpu_reset", "-a", args,
+                          "--check", "-o", "-e", "ansible_python_interpreter=" + PY],
+                         cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
+    match = re.search(r"=> (\{.*\})\s*$", out.stdout, re.S)
+    if not match:
+        raise RuntimeError("preflight gave no JSON:\n%s\n%s" % (out.stdout, out.stderr))
+    return json.loads(match.group(1)).get("targets", [])
+
+
+def run_reset(extra: dict, log: Path) -> dict:
+    """playbooks/reset.yml on localhost; returns recap counts and the host's node_reset_result."""
+    vars_file = log.with_suffix(".vars.json")
+    vars_file.write_text(json.dumps(extra))
+    start = time.monotonic()
+    out = subprocess.run(["ansible-playbook", "playbooks/reset.yml", "-i", "localhost,", "-c", "local",
+                          "-e", "ansible_python_interpreter=" + PY, "-e", "@" + str(vars_file)],
+                         cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
+    seconds = time.monotonic() - start
+    log.write_text(out.stdout + out.stderr)
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out.stdout)
+    if not recap:
+        raise RuntimeError("no play recap; see %s\n%s" % (log, out.stdout[-3000:] + out.stderr[-2000:]))
+    ok, changed, unreachable, failed = (int(x) for x in recap.groups())
+    report = sorted((REPO / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return {"rc": out.returncode, "changed": changed, "failed": failed + unreachable, "seconds": round(seconds, 2),
+            "report": str(report[-1]) if report else None}
+
+
+PROTECT = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter"]
+
+
+def scenario(name: str, workdir: Path, setup, out: Path, reset_vars: dict) -> dict:
+    started = Started()
+    result = {"scenario": name}
+    try:
+        info = setup(started, workdir)
+        started.reap()
+        result["before"] = nvml_read()
+        targets = preflight_targets(PROTECT)
+        foreign = [t for t in targets if t["pid"] not in started.pids]
+        result["preflight_targets"] = [{"pid": t["pid"], "name": t["name"], "reason": t.get("reason")}
+                                       for t in targets]
+        if foreign:
+            result["error"] = "preflight found targets this script did not start: %s" % foreign
+            return result
+        first = run_reset(reset_vars, out / ("%s-first.log" % name))
+        started.reap()
+        second = run_reset(reset_vars, out / ("%s-second.log" % name))
+        after = nvml_read()
+        protected = info.get("protected", [])
+        result.update(first=first, second=second, after=after,
+                      protected_alive=all(alive(pid) for pid in protected))
+        checks = {
+            "first run ok": first["rc"] == 0 and first["failed"] == 0,
+            "memory back under %d MiB (v2)" % IDLE_MIB: all(g["v2_used_mib"] < IDLE_MIB for g in after),
+            "protected process alive": result["protected_alive"],
+            "report written": bool(first["report"]),
+            "second run changed=0": second["rc"] == 0 and second["changed"] == 0,
+        }
+        checks.update(info.get("checks", lambda: {})())
+        result["checks"] = checks
+        result["passed"] = all(checks.values())
+        return result
+    except Exception as exc:  # pylint: disable=broad-except
+        result["error"] = repr(exc)
+        return result
+    finally:
+        started.kill_all()
+
+
+def s1_big_holder(started, workdir):
+    started.start("hold", workdir, mib=20480)
+    return {}
+
+
+def s2_fork_child(started, workdir):
+    info = started.start("fork-child", workdir, mib=4096)
+    dead, child = info["dead_parent"], info["pids"][0]
+    started.pids.add(dead)
+    deadline = time.monotonic() + 10
+    while alive(dead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    listed = [pid for g in nvml_read() for pid in g["pids"]]
+    return {"checks": lambda: {"NVML listed the dead parent while the child held memory": dead in listed,
+                               "forked child gone": not alive(child)}}
+
+
+def s3_term_ignorer(started, workdir):
+    started.start("ignore-term", workdir, mib=2048)
+    return {}
+
+
+def s4_spawn_tree(started, workdir):
+    info = started.start("spawn-tree", workdir, mib=2048)
+    return {"checks": lambda: {"spawn parent (holds nothing) gone": not alive(info["parent"])}}
+
+
+def s5_monitor(started, workdir):
+    monitor = started.start("nvml-monitor", workdir)
+    started.start("hold", workdir, mib=1024)
+    return {"protected": monitor["pids"]}
+
+
+def s6_shm(started, workdir):
+    info = started.start("shm-leftovers", workdir)
+    os.kill(info["pids"][0], signal.SIGKILL)  # the crash: nothing unlinks the segments
+    deadline = time.monotonic() + 10
+    while alive(info["pids"][0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = sorted(p for p in os.listdir("/dev/shm") if p.startswith(("torch_", "psm_")))
+    return {"checks": lambda: {
+        "torch_* and psm_* leftovers existed": any(p.startswith("torch_") for p in before)
+        and any(p.startswith("psm_") for p in before),
+        "leftovers removed": not [p for p in os.listdir("/dev/shm") if p in before]}}
+
+
+SCENARIOS = [("1-cuda-20gib", s1_big_holder), ("2-fork-dead-parent", s2_fork_child),
+             ("3-term-ignorer", s3_term_ignorer), ("4-spawn-tree", s4_spawn_tree),
+             ("5-protected-monitor", s5_monitor), ("6-shm-leftovers", s6_shm)]
+
+
+def release_latency(workdir: Path, mib: int = 20480) -> float:
+    """Seconds from SIGKILL of a holder of `mib` MiB until NVML v2 used is idle again."""
+    started = Started()
+    try:
+        info = started.start("hold", workdir, mib=mib)
+        import pynvml  # pylint: disable=import-outside-toplevel
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        kill_at = time.monotonic()
+        os.kill(info["pids"][0], signal.SIGKILL)
+        while any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used >= IDLE_MIB * 2**20
+                  for h in handles):
+            time.sleep(0.002)
+        seconds = time.monotonic() - kill_at
+        pynvml.nvmlShutdown()
+        return seconds
+    finally:
+        started.kill_all()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m tests.gpu.scenarios")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = out / "work"
+    workdir.mkdir(exist_ok=True)
+    reset_vars = {"node_reset_gpu_reset_cmdline_patterns": [re.escape(TAG)],
+                  "node_reset_gpu_reset_protect_names": PROTECT,
+                  "node_reset_service_name": ""}
+    summary = {"idle": nvml_read(), "scenarios": []}
+    for name, setup in SCENARIOS:
+        if args.only and name not in args.only:
+            continue
+        result = scenario(name, workdir, setup, out, reset_vars)
+        summary["scenarios"].append(result)
+        status = "PASS" if result.get("passed") else "FAIL"
+        print("%-22s %s %s" % (name, status, json.dumps(result.get("checks") or result.get("error"))), flush=True)
+    summary["sigkill_to_released_s_20gib"] = [round(release_latency(workdir), 3) for _ in range(3)]
+    print("SIGKILL to released (20 GiB holder), s:", summary["sigkill_to_released_s_20gib"], flush=True)
+    (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
+    passed = sum(1 for r in summary["scenarios"] if r.get("passed"))
+    failed = len(summary["scenarios"]) - passed
+    print("%d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
