@@ -12,7 +12,7 @@ short_description: Prove through NVML that every GPU is clean and healthy, polli
 version_added: 0.1.0
 description:
   - Reads NVML (through C(pynvml)) every O(poll_interval) seconds until every selected check passes on
-    every selected GPU, or O(timeout) expires. There is no fixed sleep: the task returns as soon as the
+    every selected GPU, or O(timeout) expires. There is no fixed sleep; the task returns as soon as the
     last holder's memory is released.
   - Memory is read through the v2 structure, whose C(used) excludes driver-reserved memory (an idle H200
     reads 615 MiB used through v1 and 0 MiB through v2).
@@ -22,7 +22,7 @@ description:
   - Every NVML call is bounded by O(call_timeout), since a GPU in a bad state can hang a driver call.
   - Read-only. C(changed) is always false; check mode runs the same checks.
 author:
-  - cleanslate.gpu contributors
+  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - nvidia-ml-py (import C(pynvml)) on the managed host
   - the NVIDIA driver and its C(libnvidia-ml.so.1)
