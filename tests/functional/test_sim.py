@@ -221,7 +221,7 @@ def nvml_view(manifest) -> list:
 def test_fake_nvml_shows_the_registered_memory(crashed_node):
     m = crashed_node
     reserved = [g["reserved_mib"] for g in FakeNvml(m["nvml"]["state_dir"]).gpus()]
-    expected = [[] for _ in range(m["gpu_count"])]
+    expected = [[] for _gpu in range(m["gpu_count"])]
     for role, entry in entries(m):
         assert bool(entry["gpus"]) == (role in HOLDERS), role
         for gpu in entry["gpus"]:
@@ -329,6 +329,17 @@ def test_char_devices_without_permission_give_one_error_and_create_nothing(share
     assert ran.stderr.count("\n") == 1 and "cannot create character devices" in ran.stderr
     assert os.listdir(shared_tmp) == []
     assert processes_mentioning(str(root)) == []
+
+
+@pytest.mark.parametrize("mode, message", [(0o755, "no write permission"), (0o700, "cannot reach")])
+def test_root_where_the_user_may_not_create_it_is_refused(shared_tmp, mode, message):
+    closed = shared_tmp / "closed"
+    closed.mkdir()
+    closed.chmod(mode)  # root's: nobody may not write here (0755) or not even look in (0700)
+    ran = run_cli("crash", "--root", str(closed / "node"), python="/usr/bin/python3", user="nobody")
+    assert ran.returncode == 2
+    assert ran.stderr.count("\n") == 1 and message in ran.stderr, ran.stderr
+    assert os.listdir(closed) == []
 
 
 def test_unprivileged_user_gets_plain_device_files_with_system_python(shared_tmp, fake_nvml_lib):

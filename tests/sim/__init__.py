@@ -81,7 +81,10 @@ def crash(root, gpus=4, tp=4, device_kind="auto", lib_dir=None, python=None) -> 
     python = python or sys.executable
     if not os.access(python, os.X_OK):
         raise SimError("python %s is not an executable" % python)
-    near = _check_root(root)
+    try:
+        near = _check_root(root)
+    except PermissionError as exc:  # a directory on the way may not be searched
+        raise SimError("cannot reach %s: %s" % (root, exc.strerror.lower())) from exc
     kind = devices.resolve_kind(device_kind, near)
     nvml, env = _nvml_env(root / "nvml", lib_dir)
 

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
                            lib_dir=args.lib_dir, python=args.python)
         else:
             result = clean(args.root)
-    except SimError as exc:
+    except (SimError, OSError) as exc:  # an OSError here: crash has already undone its work
         sys.stderr.write("tests.sim: error: %s\n" % exc)
         return 2
     json.dump(result, sys.stdout, indent=2)
