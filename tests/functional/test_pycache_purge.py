@@ -1,0 +1,518 @@
+"""cleanslate.gpu.pycache_purge against real bytecode compiled by real interpreters.
+
+Each test builds a small package under its own tmp_path, compiles it with py_compile in a
+child interpreter, patches it the way engineers do, runs the module through run_module, and
+then imports the package in a fresh interpreter to see which code actually runs.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+from pathlib import Path
+
+from tests.run_module import run_module
+
+VENV_PY = sys.executable
+SYSTEM_PY = "/usr/bin/python3"
+
+# The venv's Python, and the system Python when it is another build (3.11.7 and 3.11.2 here).
+INTERPRETERS = [VENV_PY]
+if os.path.exists(SYSTEM_PY) and os.path.realpath(SYSTEM_PY) != os.path.realpath(VENV_PY):
+    INTERPRETERS.append(SYSTEM_PY)
+
+OLD = 'VALUE = "old"\n'
+NEW = 'VALUE = "new"\n'  # same length as OLD: a patch that keeps the size
+
+
+def clean_env(**extra):
+    """Environment for child interpreters: no inherited bytecode settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
+    env.update(extra)
+    return env
+
+
+def tag_of(python):
+    return subprocess.run([python, "-c", "import sys; print(sys.implementation.cache_tag)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def make_package(site, text=OLD, name="pkg"):
+    """site/pkg/__init__.py and site/pkg/mod.py; returns the path of mod.py."""
+    package = site / name
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    module = package / "mod.py"
+    module.write_text(text)
+    return module
+
+
+def compile_source(python, source, mode="TIMESTAMP", optimize=-1, env=None):
+    """Compile one source with py_compile under python; returns the pyc path it wrote."""
+    code = ("import py_compile, sys; print(py_compile.compile(sys.argv[1], doraise=True, optimize=int(sys.argv[3]), "
+            "invalidation_mode=py_compile.PycInvalidationMode[sys.argv[2]]))")
+    out = subprocess.run([python, "-c", code, str(source), mode, str(optimize)], capture_output=True, text=True,
+                         check=True, env=env or clean_env()).stdout.strip()
+    return out
+
+
+def patch_keeping_stat(source, text):
+    """Rewrite source with text of the same length and put its old mtime back, as cp -p would."""
+    before = os.stat(source)
+    assert len(text.encode()) == before.st_size
+    with open(source, "w") as handle:
+        handle.write(text)
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def imported_value(python, site, module="pkg.mod", write_bytecode=True, env=None):
+    """VALUE of module as a fresh interpreter imports it from site."""
+    args = [python] + ([] if write_bytecode else ["-B"])
+    args += ["-c", "import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+             "print(importlib.import_module(sys.argv[2]).VALUE)", str(site), module]
+    return subprocess.run(args, capture_output=True, text=True, check=True, env=env or clean_env()).stdout.strip()
+
+
+def purge(params, python=VENV_PY, check=False, diff=False, env=None):
+    """Run the module; python is the interpreter whose bytecode counts."""
+    args = dict(params)
+    args.setdefault("python", python)
+    return run_module("pycache_purge", args, check=check, diff=diff, env=env)
+
+
+def reasons(result):
+    return {item["pyc"]: item["reason"] for item in result["removed"]}
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+@pytest.mark.parametrize("mode,reason,python_sees_patch", [
+    ("TIMESTAMP", "code differs", False),
+    ("UNCHECKED_HASH", "hash differs", False),
+    ("CHECKED_HASH", "hash differs", True),
+])
+def test_patch_that_keeps_size_and_mtime_runs_after_purge(tmp_path, python, mode, reason, python_sees_patch):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(python, source, mode)
+    patch_keeping_stat(source, NEW)
+    # The scenario is real: with timestamp or unchecked-hash bytecode, Python runs the old code.
+    assert imported_value(python, site, write_bytecode=False) == ("new" if python_sees_patch else "old")
+
+    result = purge({"paths": [str(site)]}, python=python)
+
+    assert result["rc"] == 0, result
+    assert result["changed"] is True
+    assert reasons(result) == {pyc: reason}
+    assert result["removed"][0]["source"] == str(source)
+    assert not os.path.exists(pyc)
+    assert imported_value(python, site) == "new"
+    # The import above wrote fresh bytecode of the patched source: nothing is stale now.
+    assert os.path.exists(pyc)
+    again = purge({"paths": [str(site)]}, python=python)
+    assert again["rc"] == 0 and again["changed"] is False and again["removed"] == []
+    assert again["checked"] == 2
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+def test_timestamp_mismatches_are_removed(tmp_path, python):
+    site = tmp_path / "site"
+    source = make_package(site)
+    other = site / "pkg" / "other.py"
+    other.write_text(OLD)
+    pyc_mod = compile_source(python, source)
+    pyc_other = compile_source(python, other)
+    # mod.py: same size, mtime moved to another second. other.py: longer, mtime restored.
+    st = os.stat(source)
+    source.write_text(NEW)
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 5 * 10**9))
+    st = os.stat(other)
+    other.write_text('VALUE = "newer"\n')
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    result = purge({"paths": [str(site)]}, python=python)
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc_mod: "mtime differs", pyc_other: "size differs"}
+    assert imported_value(python, site, "pkg.other") == "newer"
+
+
+def test_source_missing_removes_bytecode_of_every_tag(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    foreign = os.path.join(os.path.dirname(pyc), "mod.cpython-310.pyc")
+    shutil.copy(pyc, foreign)
+    source.unlink()
+
+    result = purge({"paths": [str(site)]})
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "source missing", foreign: "source missing"}
+    assert not os.path.exists(pyc) and not os.path.exists(foreign)
+    # Without the pyc the module is really gone, as its source is.
+    proc = subprocess.run([VENV_PY, "-B", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import pkg.mod", str(site)],
+                          capture_output=True, text=True, env=clean_env())
+    assert "ModuleNotFoundError" in proc.stderr
+
+
+@pytest.mark.parametrize("python", INTERPRETERS)
+@pytest.mark.parametrize("compare_code", ["auto", "always"])
+def test_fresh_bytecode_and_other_files_stay(tmp_path, python, compare_code):
+    site = tmp_path / "site"
+    source = make_package(site, text='"""Docstring."""\nVALUE = "old"\nassert VALUE\n\ndef f(x=-0.0):\n    return {x: 1.0}\n')
+    kept = [compile_source(python, site / "pkg" / "__init__.py")]
+    for mode in ("TIMESTAMP", "CHECKED_HASH", "UNCHECKED_HASH"):
+        extra = site / "pkg" / ("m_" + mode.lower() + ".py")
+        shutil.copy(source, extra)
+        kept.append(compile_source(python, extra, mode))
+    for level in (0, 1, 2):
+        kept.append(compile_source(python, source, optimize=level))
+    pycache = site / "pkg" / "__pycache__"
+    # Not .pyc, or not in __pycache__: never touched, even when stale or orphaned.
+    others = [pycache / "notes.txt", pycache / "gone.cpython-311.pyc.tmp", site / "pkg" / "legacy.pyc",
+              site / "pkg" / "mod.pyc"]
+    for path in others:
+        path.write_bytes(b"not bytecode")
+
+    result = purge({"paths": [str(site)], "compare_code": compare_code}, python=python)
+
+    assert result["rc"] == 0, result
+    assert result["changed"] is False and result["removed"] == []
+    assert result["checked"] == len(kept) == 7
+    # always compiles every timestamp pyc and every hash pyc whose hash matches; auto none here.
+    assert result["compared"] == (7 if compare_code == "always" else 0)
+    for path in kept + [str(p) for p in others]:
+        assert os.path.exists(path), path
+
+
+def test_bytecode_of_another_interpreter_is_kept_and_reported(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    foreign = os.path.join(os.path.dirname(pyc), "mod.cpython-310.pyc")
+    shutil.copy(pyc, foreign)
+    patch_keeping_stat(source, NEW)
+
+    result = purge({"paths": [str(site)]})
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "code differs"}
+    assert result["skipped"] == [{"pyc": foreign, "source": str(source),
+                                  "reason": "compiled for cpython-310; this interpreter is %s" % tag_of(VENV_PY)}]
+    assert os.path.exists(foreign)
+
+
+def other_versions():
+    """Interpreters of another minor version than the venv's, when this machine has some."""
+    mine = tag_of(VENV_PY)
+    found = {}
+    for python in sorted(glob.glob("/root/.pyenv/versions/3.*/bin/python3") + glob.glob("/usr/bin/python3.[0-9]*")):
+        if not os.access(python, os.X_OK) or python.endswith("-config"):
+            continue
+        try:
+            tag = tag_of(python)
+        except (subprocess.CalledProcessError, OSError):
+            continue
+        version = tag.split("-")[-1]
+        if tag != mine and tag.startswith("cpython-3") and int(version[1:] or 0) >= 8:
+            found.setdefault(tag, python)
+    # The oldest and the newest cover the range without running every version.
+    tags = sorted(found, key=lambda tag: int(tag.split("-")[-1]))
+    return sorted(set(found[tag] for tag in tags[:1] + tags[-1:]))
+
+
+@pytest.mark.parametrize("python", other_versions() or [pytest.param(None, marks=pytest.mark.skip(reason="no Python of another version here"))])
+def test_another_version_judges_its_own_bytecode(tmp_path, python):
+    """Different magic number, hash key and compiler: the probe runs under that interpreter."""
+    site = tmp_path / "site"
+    source = make_package(site)
+    mine = compile_source(VENV_PY, source)
+    theirs_hash = compile_source(python, source, "UNCHECKED_HASH")
+    patch_keeping_stat(source, NEW)
+    assert imported_value(python, site, write_bytecode=False) == "old"
+
+    result = purge({"paths": [str(site)]}, python=python)
+
+    assert result["rc"] == 0, result
+    assert result["python"]["cache_tag"] == tag_of(python)
+    assert reasons(result) == {theirs_hash: "hash differs"}
+    assert [item["pyc"] for item in result["skipped"]] == [mine]
+    assert imported_value(python, site) == "new"
+    # And the venv's own run catches its own stale bytecode, leaving the other version's fresh one.
+    result = purge({"paths": [str(site)]})
+    assert reasons(result) == {mine: "code differs"}
+    assert imported_value(VENV_PY, site) == "new"
+
+
+def test_mode_all_removes_every_pyc_and_nothing_else(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pycs = [compile_source(VENV_PY, source), compile_source(VENV_PY, source, optimize=2),
+            compile_source(VENV_PY, site / "pkg" / "__init__.py", "CHECKED_HASH")]
+    foreign = os.path.join(os.path.dirname(pycs[0]), "mod.cpython-310.pyc")
+    untagged = os.path.join(os.path.dirname(pycs[0]), "odd.pyc")
+    for extra in (foreign, untagged):
+        shutil.copy(pycs[0], extra)
+    notes = site / "pkg" / "__pycache__" / "notes.txt"
+    notes.write_text("keep")
+    legacy = site / "pkg" / "mod.pyc"
+    shutil.copy(pycs[0], legacy)
+
+    result = purge({"paths": [str(site)], "mode": "all"})
+
+    assert result["rc"] == 0, result
+    assert sorted(reasons(result)) == sorted(pycs + [foreign, untagged])
+    assert set(reasons(result).values()) == {"mode all"}
+    assert os.listdir(site / "pkg" / "__pycache__") == ["notes.txt"]
+    assert legacy.exists()
+
+
+def test_check_mode_removes_nothing_and_diff_lists_what_goes(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+
+    planned = purge({"paths": [str(source)]}, check=True, diff=True)
+
+    assert planned["rc"] == 0, planned
+    assert planned["changed"] is True
+    assert reasons(planned) == {pyc: "code differs"}
+    assert os.path.exists(pyc)
+    assert planned["diff"]["before"] == "%s (code differs)\n" % pyc
+    assert planned["diff"]["after"] == ""
+    assert imported_value(VENV_PY, site, write_bytecode=False) == "old"
+
+    done = purge({"paths": [str(source)]}, diff=True)
+    assert reasons(done) == reasons(planned)
+    assert not os.path.exists(pyc)
+
+
+def test_a_file_target_touches_only_its_own_bytecode(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    sibling = site / "pkg" / "modx.py"
+    sibling.write_text(OLD)
+    pyc = compile_source(VENV_PY, source)
+    sibling_pyc = compile_source(VENV_PY, sibling)
+    patch_keeping_stat(source, NEW)
+    patch_keeping_stat(sibling, NEW)
+
+    result = purge({"paths": [str(source)]})
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "code differs"}
+    assert result["checked"] == 1
+    assert os.path.exists(sibling_pyc)
+
+
+def make_venv(tmp_path):
+    """A real virtual environment (no pip) whose site-packages holds the package."""
+    venv = tmp_path / "venv"
+    subprocess.run([VENV_PY, "-m", "venv", "--without-pip", str(venv)], check=True, env=clean_env())
+    site = glob.glob(str(venv / "lib" / "python3*" / "site-packages"))[0]
+    return str(venv / "bin" / "python"), Path(site)
+
+
+def test_modules_are_found_on_the_interpreters_path_without_importing(tmp_path):
+    python, site = make_venv(tmp_path)
+    marker = tmp_path / "imported"
+    source = make_package(site)
+    # Importing the package would leave a marker file: the module must never do it.
+    (source.parent / "__init__.py").write_text("open(%r, 'w').close()\n" % str(marker))
+    sub = source.parent / "sub"
+    sub.mkdir()
+    (sub / "__init__.py").write_text("")
+    deep = sub / "deep.py"
+    deep.write_text(OLD)
+    pyc = compile_source(python, source)
+    deep_pyc = compile_source(python, deep)
+    patch_keeping_stat(source, NEW)
+    patch_keeping_stat(deep, NEW)
+
+    one = purge({"modules": ["pkg.mod"]}, python=python)
+    assert one["rc"] == 0, one
+    assert one["targets"] == [{"root": str(source), "from": "module pkg.mod"}]
+    assert reasons(one) == {pyc: "code differs"}
+    assert os.path.exists(deep_pyc)
+
+    tree = purge({"modules": ["pkg"]}, python=python)
+    assert tree["rc"] == 0, tree
+    assert tree["targets"] == [{"root": str(source.parent), "from": "module pkg"}]
+    assert reasons(tree) == {deep_pyc: "code differs"}
+    assert not marker.exists()
+    assert imported_value(python, site, "pkg.sub.deep") == "new"
+
+
+@pytest.mark.parametrize("name,missing,searched", [
+    ("nosuchpkg.mod", "no 'nosuchpkg' in the sys.path of", "site-packages"),
+    ("pkg.nosuch", "no 'nosuch' in package 'pkg'", os.path.join("site-packages", "pkg")),
+])
+def test_unknown_module_is_an_error_that_lists_where_it_looked(tmp_path, name, missing, searched):
+    python, site = make_venv(tmp_path)
+    source = make_package(site)
+    pyc = compile_source(python, source)
+    patch_keeping_stat(source, NEW)
+
+    result = purge({"modules": ["pkg.mod", name]}, python=python)
+
+    assert result["rc"] == 1 and result["failed"] is True
+    assert missing in result["msg"]
+    assert "searched: " in result["msg"] and searched in result["msg"]
+    assert os.path.exists(pyc)
+
+
+def test_pycache_prefix_of_the_interpreters_environment(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    prefix = tmp_path / "prefix"
+    env = clean_env(PYTHONPYCACHEPREFIX=str(prefix))
+    in_prefix = compile_source(VENV_PY, source, env=env)
+    beside = compile_source(VENV_PY, source)
+    assert in_prefix.startswith(str(prefix)) and "__pycache__" in beside
+    patch_keeping_stat(source, NEW)
+    assert imported_value(VENV_PY, site, write_bytecode=False, env=env) == "old"
+
+    result = purge({"paths": [str(site)]}, env={"PYTHONPYCACHEPREFIX": str(prefix)})
+
+    assert result["rc"] == 0, result
+    assert result["python"]["pycache_prefix"] == str(prefix)
+    assert reasons(result) == {in_prefix: "code differs", beside: "code differs"}
+    assert imported_value(VENV_PY, site, env=env) == "new"
+    assert imported_value(VENV_PY, site) == "new"
+
+
+def test_symlink_loops_and_links_out_are_reported_not_fatal(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+    os.symlink(site / "pkg", site / "pkg" / "loop")
+    os.symlink("self", site / "pkg" / "self")
+    outside = tmp_path / "outside"
+    outside_source = make_package(outside, name="ext")
+    outside_pyc = compile_source(VENV_PY, outside_source)
+    outside_source.unlink()
+    os.symlink(outside / "ext", site / "pkg" / "ext")
+
+    result = purge({"paths": [str(site)]})
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "code differs"}
+    problems = {item["path"]: item["problem"] for item in result["problems"]}
+    assert problems[str(site / "pkg" / "loop")].startswith("symlink loop")
+    assert problems[str(site / "pkg" / "self")] == "symlink loop"
+    assert "outside the targets: not followed" in problems[str(site / "pkg" / "ext")]
+    assert "symlink loop" in str(result["warnings"])  # ansible-core 2.19 returns structured warnings
+    # The orphaned pyc behind the link out of the target is not ours to remove.
+    assert os.path.exists(outside_pyc)
+
+
+def unprivileged_python(tmp_path):
+    """An interpreter command for which file permissions apply: as root, the venv's Python without
+    the capabilities that bypass them; otherwise the venv's Python itself."""
+    if os.geteuid() != 0:
+        return VENV_PY
+    if not shutil.which("setpriv"):
+        pytest.skip("root without setpriv: permissions cannot be made to apply")
+    wrapper = tmp_path / "python-nodac"
+    wrapper.write_text('#!/bin/sh\nexec setpriv --bounding-set -dac_override,-dac_read_search %s "$@"\n' % VENV_PY)
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_unreadable_directory_is_reported_and_the_rest_is_purged(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+    secret = site / "pkg" / "secret"
+    secret.mkdir()
+    secret.chmod(0)
+    try:
+        result = run_module("pycache_purge", {"paths": [str(site)], "python": VENV_PY}, python=unprivileged_python(tmp_path))
+    finally:
+        secret.chmod(0o755)
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "code differs"}
+    assert result["problems"] == [{"path": str(secret), "problem": "unreadable directory: Permission denied"}]
+
+
+def test_bytecode_that_cannot_be_removed_fails_the_task(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    other = site / "pkg" / "other.py"
+    other.write_text(OLD)
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+    sub = site / "sub"
+    sub_source = make_package(sub)
+    sub_pyc = compile_source(VENV_PY, sub_source)
+    sub_source.unlink()
+    locked = site / "pkg" / "__pycache__"
+    locked.chmod(0o555)
+    try:
+        result = run_module("pycache_purge", {"paths": [str(site)], "python": VENV_PY}, python=unprivileged_python(tmp_path))
+    finally:
+        locked.chmod(0o755)
+    assert result["rc"] == 1 and result["failed"] is True
+    assert "could not remove 1 stale bytecode file" in result["msg"] and pyc in result["msg"]
+    assert [item["path"] for item in result["errors"]] == [pyc]
+    assert reasons(result) == {sub_pyc: "source missing"}
+    assert os.path.exists(pyc) and not os.path.exists(sub_pyc)
+
+
+def test_corrupt_bytecode_is_removed(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    other = site / "pkg" / "other.py"
+    other.write_text(OLD)
+    pyc = compile_source(VENV_PY, source)
+    other_pyc = compile_source(VENV_PY, other)
+    with open(pyc, "r+b") as handle:
+        handle.truncate(10)
+    with open(other_pyc, "r+b") as handle:
+        handle.seek(0)
+        handle.write(b"\0\0\0\0")
+
+    result = purge({"paths": [str(site)]})
+
+    assert reasons(result) == {pyc: "corrupt header: truncated header (10 bytes)", other_pyc: "magic number differs"}
+
+
+def broken_interpreter(tmp_path):
+    script = tmp_path / "fakepython"
+    script.write_text("#!/bin/sh\necho 'this is not python'\nexit 3\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("case", ["no targets", "missing path", "relative path", "missing python", "not executable",
+                                  "not python", "bad module name"])
+def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    source.unlink()  # the pyc is stale: any run that got going would remove it
+    params = {"paths": [str(site)], "python": VENV_PY}
+    expected = {
+        "no targets": ({"paths": None}, "nothing to purge: give paths, modules or both"),
+        "missing path": ({"paths": [str(site), str(tmp_path / "nope")]}, "paths that do not exist: %s" % (tmp_path / "nope")),
+        "relative path": ({"paths": [str(site), "site"]}, "paths entry 'site' must be an absolute path"),
+        "missing python": ({"python": str(tmp_path / "python9")}, "python %s does not exist" % (tmp_path / "python9")),
+        "not executable": ({"python": str(source.parent / "__init__.py")}, "is not an executable file"),
+        "not python": ({"python": broken_interpreter(tmp_path)}, "is not a Python 3.8+ interpreter: it exited with rc 3 and said: this is not python"),
+        "bad module name": ({"modules": ["pkg..mod"]}, "modules entry 'pkg..mod' is not a dotted module name"),
+    }[case]
+    params.update(expected[0])
+
+    result = purge(params)
+
+    assert result["rc"] == 1 and result["failed"] is True
+    assert expected[1] in result["msg"]
+    assert os.path.exists(pyc)
