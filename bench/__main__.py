@@ -1,0 +1,68 @@
+"""`make bench`: every benchmark in bench/, then one table of medians and ratios.
+
+Each bench/bench_*.py runs on its own (see its docstring), writes its full JSON under
+build/bench/, and puts the rows for this table in that JSON's "summary" list:
+    {"measure", "ours_s", "baseline", "baseline_s", "ratio", "target", "met"}
+The table is printed and written to build/bench/summary.json.
+
+    .venv/bin/python -m bench [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "build" / "bench"
+
+
+def run(script: Path) -> dict:
+    name = script.stem[len("bench_"):]
+    json_path = OUT / ("%s.json" % name)
+    if json_path.exists():
+        json_path.unlink()
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], cwd=REPO, check=False)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0 or not json_path.exists():
+        return {"name": name, "error": "exit %d, no %s" % (proc.returncode, json_path.name), "seconds": seconds}
+    return {"name": name, "summary": json.loads(json_path.read_text()).get("summary", []), "seconds": seconds}
+
+
+def fmt(value, spec="%.3f"):
+    return "-" if value is None else spec % value
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--only", nargs="*", default=None, help="bench names, e.g. gpu_reset shm_clean")
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    scripts = sorted((REPO / "bench").glob("bench_*.py"))
+    if args.only:
+        scripts = [s for s in scripts if s.stem[len("bench_"):] in args.only]
+    results = [run(script) for script in scripts]
+    rows = []
+    print("\n%-16s %-44s %10s %-30s %10s %8s  %s" % ("bench", "measure", "ours s", "baseline", "baseline s",
+                                                     "ratio", "target"))
+    for result in results:
+        if "error" in result:
+            print("%-16s %s" % (result["name"], result["error"]))
+            continue
+        for row in result["summary"]:
+            rows.append(dict(row, bench=result["name"]))
+            print("%-16s %-44s %10s %-30s %10s %8s  %s %s" % (
+                result["name"], row["measure"][:44], fmt(row.get("ours_s")), (row.get("baseline") or "-")[:30],
+                fmt(row.get("baseline_s")), fmt(row.get("ratio"), "%.1fx"), row.get("target") or "",
+                {True: "(met)", False: "(NOT met)"}.get(row.get("met"), "")))
+    (OUT / "summary.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2) + "\n")
+    print("\nwritten: %s" % (OUT / "summary.json"))
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
