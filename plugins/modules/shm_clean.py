@@ -24,7 +24,7 @@ description:
   - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
     relative to a descriptor of the directory.
 author:
-  - cleanslate.gpu contributors
+  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
 extends_documentation_fragment:
@@ -307,7 +307,7 @@ def freed_bytes(st):
 def survey(fd, base, params, now):
     """Classify every top-level entry: (names, candidates, skipped, errors).
 
-    candidates are (name, lstat) of entries that may be removed if no live process uses them.
+    candidates are (name, full path, lstat) of entries that may be removed if no live process uses them.
     """
     names, candidates, skipped, errors = [], [], [], []
     with os.scandir(fd) as entries:
@@ -315,7 +315,8 @@ def survey(fd, base, params, now):
     for name in names:
         if not selected(name, params['patterns'], params['exclude']):
             continue
-        full = os.path.join(base, name)
+        # base is absolute and names never hold '/', so plain joining is exact (and 10,000 entries are common).
+        full = base.rstrip('/') + '/' + name
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -331,18 +332,18 @@ def survey(fd, base, params, now):
         if params['min_age'] > 0 and age < params['min_age']:
             skipped.append({'path': full, 'why': 'modified %.1f s ago, less than min_age %s s' % (max(age, 0.0), params['min_age'])})
             continue
-        candidates.append((name, st))
+        candidates.append((name, full, st))
     return names, candidates, skipped, errors
 
 
-def users_of(base, candidates):
+def users_of(candidates):
     """{name: sorted pids} for candidates a live process opens, maps, or (torch_<pid>_*) created."""
     # A symlink is removed as a link, so only regular files are asked about; /proc names the target.
-    files = [os.path.join(base, name) for name, st in candidates if stat.S_ISREG(st.st_mode)]
+    files = [full for name, full, st in candidates if stat.S_ISREG(st.st_mode)]
     holders = holders_of(files, include_maps=True) if files else {}
     users = {}
-    for name, st in candidates:
-        pids = set(holders.get(os.path.join(base, name)) or [])
+    for name, full, st in candidates:
+        pids = set(holders.get(full) or [])
         creator = torch_creator(name)
         if creator is not None and pid_alive(creator):
             pids.add(creator)
@@ -365,16 +366,15 @@ def clean(module, fd, base):
     params = module.params
     names, candidates, skipped, errors = survey(fd, base, params, time.time())
     try:
-        users = users_of(base, candidates)
+        users = users_of(candidates)
     except OSError as exc:
         # Without the scan nothing can be proven unused, so nothing is removed.
         module.fail_json(msg='cannot tell which entries are in use, nothing removed: %s' % exc)
-    in_use = [{'path': os.path.join(base, name), 'pids': users[name]} for name, st in candidates if name in users]
+    in_use = [{'path': full, 'pids': users[name]} for name, full, st in candidates if name in users]
     removed = []
-    for name, st in candidates:
+    for name, full, st in candidates:
         if name in users and not params['remove_in_use']:
             continue
-        full = os.path.join(base, name)
         if not module.check_mode:
             try:
                 why = unlink_if_unchanged(fd, name, st)

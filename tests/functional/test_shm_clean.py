@@ -263,7 +263,7 @@ def test_zombie_torch_creator_counts_as_dead(shm_dir):
     child = subprocess.Popen(["true"])
     try:
         stat_file = Path("/proc/%d/stat" % child.pid)
-        for _ in range(600):  # generous: the machine is shared
+        for attempt in range(600):  # generous: the machine is shared
             if stat_file.read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 break
             time.sleep(0.05)

@@ -91,7 +91,7 @@ def test_a_zombie_is_not_alive():
     proc = subprocess.Popen(["true"])
     try:
         stat_file = Path("/proc/%d/stat" % proc.pid)
-        for _ in range(600):  # generous: the machine is shared
+        for attempt in range(600):  # generous: the machine is shared
             if stat_file.read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 break
             time.sleep(0.05)
@@ -108,7 +108,7 @@ def test_a_process_named_with_a_parenthesis_is_read_correctly(tmp_path):
     odd.symlink_to(shutil.which("sleep"))
     proc = subprocess.Popen([str(odd), "600"])
     try:
-        for _ in range(600):
+        for attempt in range(600):
             if "x) Z" in Path("/proc/%d/stat" % proc.pid).read_text():
                 break
             time.sleep(0.05)
