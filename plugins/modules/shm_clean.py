@@ -420,6 +420,9 @@ def main():
     problems = input_problems(module.params)
     if problems:
         module.fail_json(msg='; '.join(problems))
+    if os.geteuid() != 0:
+        # /proc/PID/fd and map_files of other users' processes are unreadable without root.
+        module.warn('not running as root: segments that only other users\' processes hold may look unused')
     fd, problem = open_directory(module.params['path'])
     if problem:
         module.fail_json(msg=problem)
