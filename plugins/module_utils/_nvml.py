@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import traceback
 
 try:
@@ -45,15 +46,19 @@ def _err(name):
 
 
 class _BoundedCaller(object):
-    """Runs NVML calls one at a time in one daemon thread and waits at most call_timeout.
+    """Runs NVML work in one daemon thread and gives up on any single NVML call that takes
+    longer than call_timeout.
 
-    One long-lived worker rather than a thread per call keeps a poll cheap. When a call
-    does not return, the worker is abandoned (it is a daemon: it cannot keep the module
-    alive) and every later call fails at once instead of queueing behind it."""
+    A whole read (about a dozen calls per GPU) is one job, so a poll costs one hand-off
+    between threads, not one per call; the worker notes which call it is in and since
+    when, which is what the waiting thread times. When a call does not return, the worker
+    is abandoned (a daemon cannot keep the module alive) and every later job fails at once
+    instead of queueing behind it."""
 
     def __init__(self, call_timeout):
         self.call_timeout = call_timeout
         self.stuck = None
+        self._current = None  # (call, time.monotonic() when it began) while the worker is in one
         self._jobs = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="nvml-calls", daemon=True)
         self._thread.start()
@@ -63,29 +68,45 @@ class _BoundedCaller(object):
             job = self._jobs.get()
             if job is None:
                 return
-            func, args, kwargs, box, done = job
+            func, box, done = job
             try:
-                box["value"] = func(*args, **kwargs)
+                box["value"] = func()
             except BaseException as exc:  # pylint: disable=broad-exception-caught
                 box["error"] = exc
+            self._current = None
             done.set()
 
-    def call(self, what, func, *args, **kwargs):
-        """Run func(*args) in the worker; raise NvmlError if it takes over call_timeout."""
+    def step(self, what, func, *args, **kwargs):
+        """One NVML call inside a job, timed from now by the waiting thread."""
+        self._current = (what, time.monotonic())
+        return func(*args, **kwargs)
+
+    def run(self, job):
+        """Run job() in the worker; raise NvmlError when one of its calls outlasts call_timeout."""
         if self.stuck is not None:
             raise NvmlError("NVML is not answering: %s never returned" % self.stuck)
         box = {}
         done = threading.Event()
-        self._jobs.put((func, args, kwargs, box, done))
-        if not done.wait(self.call_timeout):
-            self.stuck = what
-            raise NvmlError(
-                "NVML call %s did not return within %g s: the GPU or its driver is hung; "
-                "check `dmesg` for Xid errors, then reset the GPU (nvidia-smi -r) or reboot"
-                % (what, self.call_timeout))
+        queued = time.monotonic()
+        self._jobs.put((job, box, done))
+        while not done.is_set():
+            current = self._current
+            what, began = current if current is not None else ("(starting)", queued)
+            left = began + self.call_timeout - time.monotonic()
+            if left <= 0:
+                self.stuck = what
+                raise NvmlError(
+                    "NVML call %s did not return within %g s: the GPU or its driver is hung; "
+                    "check `dmesg` for Xid errors, then reset the GPU (nvidia-smi -r) or reboot"
+                    % (what, self.call_timeout))
+            done.wait(left)
         if "error" in box:
             raise box["error"]
         return box["value"]
+
+    def call(self, what, func, *args, **kwargs):
+        """One NVML call as its own job."""
+        return self.run(lambda: self.step(what, func, *args, **kwargs))
 
     def stop(self):
         if self.stuck is None:
@@ -181,9 +202,10 @@ class NvmlSession(object):
                 pass
         self._caller.stop()
 
+    # _call, _optional and _processes run inside a worker job (see read()).
     def _call(self, what, func, *args, **kwargs):
         try:
-            return self._caller.call(what, func, *args, **kwargs)
+            return self._caller.step(what, func, *args, **kwargs)
         except pynvml.NVMLError as exc:
             if isinstance(exc, _err("GPU_IS_LOST")):
                 raise
@@ -192,7 +214,7 @@ class NvmlSession(object):
     def _optional(self, what, func, *args):
         """A health counter that some GPUs do not have: None when 'Not Supported'."""
         try:
-            return self._caller.call(what, func, *args)
+            return self._caller.step(what, func, *args)
         except _err("NOT_SUPPORTED") + _err("FUNCTION_NOT_FOUND"):
             return None
         except pynvml.NVMLError as exc:
@@ -202,6 +224,9 @@ class NvmlSession(object):
 
     def read(self, gpus=None):
         """One snapshot of the GPUs with these indices (all when None); see snapshot()."""
+        return self._caller.run(lambda: self._read(gpus))
+
+    def _read(self, gpus):
         driver = self._call("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
         count = self._call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
         wanted = list(range(count)) if gpus is None else sorted(set(int(i) for i in gpus))
@@ -210,7 +235,7 @@ class NvmlSession(object):
         handles = {}
         for index in range(count):
             try:
-                handles[index] = self._caller.call("nvmlDeviceGetHandleByIndex(%d)" % index,
+                handles[index] = self._caller.step("nvmlDeviceGetHandleByIndex(%d)" % index,
                                                    pynvml.nvmlDeviceGetHandleByIndex, index)
             except pynvml.NVMLError as exc:
                 result["lost"].append({"index": index, "error": str(exc)})
@@ -233,7 +258,7 @@ class NvmlSession(object):
         older = getattr(pynvml, "nvmlDeviceGet%sRunningProcesses_v2" % name)
         what = "nvmlDeviceGet%sRunningProcesses on GPU %d" % (name, index)
         try:
-            found = self._caller.call(what, newest, handle)
+            found = self._caller.step(what, newest, handle)
         except (pynvml.NVMLLibraryMismatchError,) + _err("FUNCTION_NOT_FOUND"):
             # A driver older than the bindings exports only the _v2 entry point.
             found = self._call(what, older, handle)
