@@ -53,8 +53,8 @@ def main() -> int:
         for role, entries in procs.items():
             for entry in entries:
                 print("  %-14s pid %-7d %-16s gpus %s" % (role, entry["pid"], entry["name"], entry["gpus"]))
-        print("  shm leftovers: %d, stale bytecode: %s" % (len(manifest["shm"]["leftovers"]),
-                                                         manifest["site_packages"]["pyc"]))
+        leftovers = len(manifest["shm"]["leftovers"])
+        print("  shm leftovers: %d, stale bytecode: %s" % (leftovers, manifest["site_packages"]["pyc"]))
         vars_file = root.parent / "vars.json"
         vars_file.write_text(json.dumps(role_vars(manifest), indent=2))
         first = playbook(vars_file)

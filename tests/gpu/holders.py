@@ -90,10 +90,10 @@ def spawn_tree(args):
     import multiprocessing  # pylint: disable=import-outside-toplevel
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    workers = [ctx.Process(target=_spawn_worker, args=(args.mib, queue)) for _ in range(2)]
+    workers = [ctx.Process(target=_spawn_worker, args=(args.mib, queue)) for _worker in range(2)]
     for worker in workers:
         worker.start()
-    pids = [queue.get(timeout=300) for _ in workers]
+    pids = [queue.get(timeout=300) for _worker in workers]
     report(args.ready, {"pids": [os.getpid()] + pids, "parent": os.getpid()})
     sleep_forever()
 
@@ -117,7 +117,7 @@ def shm_leftovers(args):
     tensors = [torch.full((1 << 20,), i, dtype=torch.float32) for i in range(4)]
     for tensor in tensors:
         queue.put(tensor)  # pickling shares the storage through a torch_<pid>_* segment
-    segments = [shared_memory.SharedMemory(create=True, size=1 << 20) for _ in range(3)]
+    segments = [shared_memory.SharedMemory(create=True, size=1 << 20) for _segment in range(3)]
     report(args.ready, {"pids": [os.getpid()], "psm": [seg.name for seg in segments]})
     sleep_forever()
 

@@ -260,7 +260,7 @@ def main(argv=None):
         summary["scenarios"].append(result)
         status = "PASS" if result.get("passed") else "FAIL"
         print("%-22s %s %s" % (name, status, json.dumps(result.get("checks") or result.get("error"))), flush=True)
-    summary["sigkill_to_released_s_20gib"] = [round(release_latency(workdir), 3) for _ in range(3)]
+    summary["sigkill_to_released_s_20gib"] = [round(release_latency(workdir), 3) for _run in range(3)]
     print("SIGKILL to released (20 GiB holder), s:", summary["sigkill_to_released_s_20gib"], flush=True)
     (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
     passed = sum(1 for r in summary["scenarios"] if r.get("passed"))
