@@ -219,3 +219,16 @@ def test_failure_message_names_each_failing_gpu_only(snap):
 ])
 def test_bad_params(overrides, expected):
     assert nvml_verify.bad_params(params(**overrides)) == expected
+
+
+def test_context_overhead_under_the_limit_is_not_called_unattributed(snap):
+    # What a real H200 showed: the holder's listed share is 8 MiB below the GPU's "used".
+    snap["gpus"][0]["memory_used_mib"] = 4622
+    snap["gpus"][0]["processes"] = [{"pid": 468, "used_mib": 4614, "type": "compute", "exists": True}]
+    gpus, _host, ok = nvml_verify.evaluate(snap, [0], params())
+    assert not ok
+    assert gpus[0]["unattributed_mib"] == 8
+    assert not any("no visible process" in problem for problem in gpus[0]["problems"])
+    snap["gpus"][0]["processes"][0]["used_mib"] = 2000
+    gpus, _host, _ok = nvml_verify.evaluate(snap, [0], params())
+    assert "2622 MiB is memory used with no visible process" in gpus[0]["problems"][1]
