@@ -165,7 +165,7 @@ def main():
         fake.create(gpu_count=GPUS)
         module, ritual = [], []
         # Interleaved, so that a busy moment on the machine hits both alike.
-        for _ in range(args.trials):
+        for _trial in range(args.trials):
             module.append(trial_module(fake, rng, args.poll_interval))
             ritual.append(trial_ritual(fake, rng))
     report = {

@@ -101,7 +101,7 @@ def test_pid_exists_for_live_dead_and_zombie_processes():
     try:
         assert _nvml.pid_exists(live.pid) is True
         # Not reaped yet: wait until the kernel shows it as a zombie.
-        for _ in range(2000):
+        for _attempt in range(2000):
             with open("/proc/%d/stat" % zombie.pid, "rb") as handle:
                 if handle.read().rsplit(b")", 1)[1].split()[0] == b"Z":
                     break
