@@ -24,6 +24,7 @@ import importlib.util
 import json
 import marshal
 import os
+import stat
 import sys
 import warnings
 
@@ -357,7 +358,7 @@ class Scan(object):
                 info = os.stat(candidate)
             except OSError:
                 continue
-            if not os.path.isdir(candidate):
+            if not stat.S_ISDIR(info.st_mode):
                 return candidate, info
         return os.path.join(source_dir, stem + self.suffixes[0]), None
 

@@ -37,7 +37,7 @@ description:
   - Symbolic links to directories are followed only when they stay inside the targets. Symbolic link loops,
     links out of the targets and unreadable directories are reported in RV(problems) and as warnings, not errors.
 author:
-  - cleanslate.gpu contributors
+  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - O(python) must be CPython or PyPy 3.8 or later. The module itself runs on Python 3.9 or later.
 extends_documentation_fragment:
@@ -151,8 +151,8 @@ removed:
     reason:
       description:
         - Why it goes. One of C(source missing), C(mtime differs), C(size differs), C(hash differs),
-          C(code differs), C(source does not compile), C(magic number differs), C(corrupt header: ...),
-          C(corrupt bytecode), C(mode all).
+          C(code differs), C(source does not compile), C(magic number differs), C(corrupt bytecode), C(mode all),
+          or C(corrupt header) followed by what is wrong with it.
       type: str
       sample: code differs
   sample: [{"pyc": "/site/vllm/__pycache__/envs.cpython-311.pyc", "source": "/site/vllm/envs.py", "reason": "code differs"}]
@@ -254,6 +254,7 @@ elapsed_s:
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -303,8 +304,14 @@ def probe_script(request):
 
 def run_probe(module, python, request):
     """Run the probe under python; returns its result or fails the task with why."""
-    rc, out, err = module.run_command([python, '-B', '-'], data=probe_script(request), cwd='/',
-                                      expand_user_and_vars=False)
+    # Not run_command: a program that is not Python may exit before reading its stdin, and the
+    # broken pipe must give the message below, which communicate() allows by ignoring EPIPE.
+    try:
+        proc = subprocess.run([python, '-B', '-'], input=probe_script(request), cwd='/', capture_output=True,
+                              text=True, errors='replace', check=False)
+    except OSError as exc:
+        module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
+    rc, out, err = proc.returncode, proc.stdout, proc.stderr
     result = None
     lines = out.strip().splitlines()
     if lines:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import stat
 import subprocess
 import sys
 
@@ -156,7 +155,7 @@ def test_source_missing_removes_bytecode_of_every_tag(tmp_path):
     assert not os.path.exists(pyc) and not os.path.exists(foreign)
     # Without the pyc the module is really gone, as its source is.
     proc = subprocess.run([VENV_PY, "-B", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import pkg.mod", str(site)],
-                          capture_output=True, text=True, env=clean_env())
+                          capture_output=True, text=True, env=clean_env(), check=False)
     assert "ModuleNotFoundError" in proc.stderr
 
 
@@ -492,8 +491,16 @@ def broken_interpreter(tmp_path):
     return str(script)
 
 
+def unrunnable(tmp_path):
+    """An executable file the kernel cannot execute: no shebang, not a binary."""
+    path = tmp_path / "python-noexec"
+    path.write_text("just text\n")
+    path.chmod(0o755)
+    return str(path)
+
+
 @pytest.mark.parametrize("case", ["no targets", "missing path", "relative path", "missing python", "not executable",
-                                  "not python", "bad module name"])
+                                  "not python", "not runnable", "bad module name"])
 def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
     site = tmp_path / "site"
     source = make_package(site)
@@ -507,6 +514,7 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
         "missing python": ({"python": str(tmp_path / "python9")}, "python %s does not exist" % (tmp_path / "python9")),
         "not executable": ({"python": str(source.parent / "__init__.py")}, "is not an executable file"),
         "not python": ({"python": broken_interpreter(tmp_path)}, "is not a Python 3.8+ interpreter: it exited with rc 3 and said: this is not python"),
+        "not runnable": ({"python": unrunnable(tmp_path)}, "python %s cannot be run: [Errno 8] Exec format error" % unrunnable(tmp_path)),
         "bad module name": ({"modules": ["pkg..mod"]}, "modules entry 'pkg..mod' is not a dotted module name"),
     }[case]
     params.update(expected[0])
