@@ -43,6 +43,9 @@ class Host:
         self.cgroup = cgroup
         self.root = self.dir / "root"
         self.console_log = self.dir / "console.log"
+        # Bound at the same path inside: a file made there by the host has the same name on
+        # this machine, as a Proxmox node's /dev/nvidia* are the container's (host-side sweep).
+        self.shared = self.dir / "shared"
         self._proc = None
         self._watcher = None
         self._stopping = False
@@ -52,7 +55,7 @@ class Host:
     # --- file system -------------------------------------------------------------------
 
     def mount(self, lower: Path) -> None:
-        for sub in ("upper", "work", "root", "dev"):
+        for sub in ("upper", "work", "root", "dev", "shared"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={lower},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}"
         proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(self.root)],
@@ -110,6 +113,7 @@ class Host:
                 f"--directory={self.root}", f"--machine={self.machine}", f"--network-bridge={bridge}",
                 "--console=read-only"]
         argv += [f"--bind={self.dir / 'dev' / name}:/dev/{name}" for name in DEVICE_NAMES]
+        argv.append(f"--bind={self.shared}")
         return argv
 
     def _launch(self, bridge: str):

@@ -1,0 +1,168 @@
+"""reset.yml on a fleet of real systemd hosts over SSH, each running the crashed-node simulator.
+
+Each host builds its crashed node under a directory bound at the same path on this machine,
+so the host-side sweep (a Proxmox node's view of its containers) sees the same device files.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, REPO
+
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+HOSTS = ("node1", "node2", "node3")
+
+
+def _crash(fleet, name) -> dict:
+    host = fleet.hosts[name]
+    root = host.shared / "sim"
+    fleet.spawn(name, "crashed-server", ["python3", "-m", "tests.sim", "crash", "--root", str(root),
+                                          "--lib-dir", HOST_NVML_LIB, "--python", "/usr/bin/python3"],
+                cwd=HOST_PARENT, timeout=180)
+    return json.loads((root / "manifest.json").read_text())
+
+
+def _uncrash(fleet, name) -> None:
+    root = fleet.hosts[name].shared / "sim"
+    if fleet.hosts[name].running():
+        fleet.run(name, ["python3", "-m", "tests.sim", "clean", "--root", str(root)], check=False, timeout=120,
+                  env={"PYTHONPATH": HOST_PARENT})
+        fleet.run(name, ["systemctl", "stop", "crashed-server.service"], check=False)
+        fleet.run(name, ["systemctl", "start", "ssh.service"], check=False)
+    else:
+        # Powered off: everything the simulator started died with the host; only files remain.
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _role_vars(manifest) -> dict:
+    return {
+        "node_reset_environment": manifest["nvml"]["env"],
+        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
+        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
+        "node_reset_gpu_reset_grace_period": 3,
+        "node_reset_shm_clean_path": manifest["shm_dir"],
+        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
+        "node_reset_pycache_purge_python": manifest["python"],
+        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
+        "node_reset_nvml_verify_timeout": 20,
+        "node_reset_unit": "vllm.service",  # not installed on the hosts: skipped with a note
+    }
+
+
+@pytest.fixture
+def crashed_fleet(fleet, tmp_path):
+    """Every host crashed; host_vars beside the fleet's inventory point the role at each one."""
+    manifests = {}
+    host_vars = fleet.inventory.parent / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    try:
+        for name in HOSTS:
+            manifests[name] = _crash(fleet, name)
+            (host_vars / f"{name}.yml").write_text(yaml.safe_dump(_role_vars(manifests[name])))
+        yield manifests
+    finally:
+        for name in HOSTS:
+            (host_vars / f"{name}.yml").unlink(missing_ok=True)
+            _uncrash(fleet, name)
+
+
+def _playbook(fleet, tmp_path, playbook="reset.yml", limit="gpu_nodes", extra_inventory=None, extra=None):
+    reports = tmp_path / "reports"
+    cmd = [ANSIBLE_PLAYBOOK, f"playbooks/{playbook}", "-i", str(fleet.inventory), "-l", limit,
+           "-e", f"fleet_report_path={reports}"]
+    if extra_inventory:
+        cmd += ["-i", str(extra_inventory)]
+    for key, value in (extra or {}).items():
+        cmd += ["-e", f"{key}={value}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540, check=False)
+    report_files = sorted(reports.glob(f"{playbook[:-4]}-*.json"))
+    report = json.loads(report_files[-1].read_text()) if report_files else None
+    for old in reports.glob("*"):
+        old.unlink()
+    return proc, report
+
+
+def _recap(output: str) -> dict:
+    return {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+            for m in re.finditer(r"^(\S+)\s+: (ok=.*)$", output, re.M)}
+
+
+def _alive(fleet, name, pid) -> bool:
+    return fleet.run(name, ["kill", "-0", str(pid)], check=False).returncode == 0
+
+
+def _pids(manifest, *roles):
+    return [entry["pid"] for role in roles for entry in manifest["processes"].get(role, [])]
+
+
+def _targets(manifest):
+    # The bystander, nvidia-persistenced and a process that only maps a shm segment hold no GPU.
+    spared = {"bystander", "persistenced", "shm_mapper"}
+    return [entry["pid"] for role, entries in manifest["processes"].items() if role not in spared for entry in entries]
+
+
+def test_reset_cleans_every_host_spares_bystanders_and_a_second_run_changes_nothing(fleet, crashed_fleet, tmp_path):
+    proc, report = _playbook(fleet, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    for name, manifest in crashed_fleet.items():
+        assert all(not _alive(fleet, name, pid) for pid in _targets(manifest)), name
+        assert all(_alive(fleet, name, pid) for pid in _pids(manifest, "bystander", "persistenced", "shm_mapper")), name
+        for leftover in manifest["shm"]["leftovers"]:
+            assert not Path(leftover).exists()
+    assert "unit vllm.service does not exist: skipped" in proc.stdout
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert sorted(rows) == list(HOSTS)
+    for name, row in rows.items():
+        assert row["status"] == "ok" and row["ok"], row
+        assert row["killed"] == len(_targets(crashed_fleet[name])), row
+        assert row["mib_freed"] > 0 and row["shm_bytes_freed"] > 0 and row["bytecode_removed"] >= 1, row
+    assert "| host | status | killed | MiB freed |" in proc.stdout  # the table is printed
+
+    proc, report = _playbook(fleet, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    recap = _recap(proc.stdout)
+    assert {name: recap[name]["changed"] for name in HOSTS} == {name: 0 for name in HOSTS}, proc.stdout[-3000:]
+    assert all(row["killed"] == 0 and row["mib_freed"] == 0 for row in report["hosts"])
+
+
+def test_a_powered_off_host_is_reported_unreachable_and_the_others_complete(fleet, crashed_fleet, tmp_path):
+    fleet.poweroff("node3")
+    proc, report = _playbook(fleet, tmp_path)
+    assert proc.returncode == 4, proc.stdout[-6000:]  # 4: some hosts were unreachable
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert rows["node3"]["status"] == "unreachable" and not rows["node3"]["ok"]
+    for name in ("node1", "node2"):
+        assert rows[name]["status"] == "ok", rows[name]
+        assert all(not _alive(fleet, name, pid) for pid in _targets(crashed_fleet[name]))
+
+
+def test_the_host_side_sweep_kills_one_containers_holders_and_spares_the_others(fleet, crashed_fleet, tmp_path):
+    """node2's sshd is down, so Ansible cannot reach it; its Proxmox node (this machine) stops
+    the holders in node2's cgroup only."""
+    pve = tmp_path / "pve.yml"
+    pve.write_text(yaml.safe_dump({"all": {"hosts": {"pve": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    node2 = fleet.hosts["node2"]
+    host_vars = fleet.inventory.parent / "host_vars" / "node2.yml"
+    node2_vars = yaml.safe_load(host_vars.read_text())
+    node2_vars.update({"node_reset_pve_host": "pve", "node_reset_pve_vmid": node2.vmid,
+                       "node_reset_pve_cgroup": node2.cgroup.match, "node_reset_pve_connect_timeout": 3})
+    host_vars.write_text(yaml.safe_dump(node2_vars))
+    fleet.run("node2", ["systemctl", "stop", "ssh.service", "ssh.socket"])
+
+    proc, report = _playbook(fleet, tmp_path, limit="node2", extra_inventory=pve)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    row = report["hosts"][0]
+    assert row["host"] == "node2" and row["status"] == "swept-unreachable", row
+    assert all(not _alive(fleet, "node2", pid) for pid in _targets(crashed_fleet["node2"]))
+    assert all(_alive(fleet, "node2", pid) for pid in _pids(crashed_fleet["node2"], "bystander", "persistenced"))
+    for other in ("node1", "node3"):
+        assert all(_alive(fleet, other, pid) for pid in _targets(crashed_fleet[other])), other
