@@ -9,7 +9,7 @@ set -eu
 out=$1
 exec mmdebstrap \
     --variant=minbase \
-    --include=systemd,systemd-sysv,dbus,openssh-server,python3,python3-psutil,sudo,iproute2,procps \
+    --include=systemd,systemd-sysv,dbus,openssh-server,python3,python3-psutil,sudo,iproute2,procps,psmisc \
     --customize-hook='systemctl --root="$1" enable systemd-networkd.service' \
     --customize-hook='mkdir -p "$1/root/.ssh" && chmod 700 "$1/root/.ssh"' \
     --customize-hook='printf "%s\n" "UseDNS no" "MaxStartups 64:30:128" > "$1/etc/ssh/sshd_config.d/fleet.conf"' \
