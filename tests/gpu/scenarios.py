@@ -250,8 +250,7 @@ def main(argv=None):
     workdir = out / "work"
     workdir.mkdir(exist_ok=True)
     reset_vars = {"node_reset_gpu_reset_cmdline_patterns": [re.escape(TAG)],
-                  "node_reset_gpu_reset_protect_names": PROTECT,
-                  "node_reset_service_name": ""}
+                  "node_reset_gpu_reset_protect_names": PROTECT}
     summary = {"idle": nvml_read(), "scenarios": []}
     for name, setup in SCENARIOS:
         if args.only and name not in args.only:
