@@ -100,8 +100,9 @@ def preflight_targets(protect: list) -> list:
     """gpu_reset in check mode: what the reset would signal, nothing signalled."""
     args = json.dumps({"protect_names": protect})
     out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", "cleanslate.gpu.gpu_reset", "-a", args,
-                          "--check", "-o", "-e", "ansible_python_interpreter=" + PY],
-                         cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
+                          "--check", "-e", "ansible_python_interpreter=" + PY],
+                         cwd=REPO, env=dict(ansible_env(), ANSIBLE_STDOUT_CALLBACK="minimal", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"),
+                         capture_output=True, text=True, check=False)
     match = re.search(r"=> (\{.*\})\s*$", out.stdout, re.S)
     if not match:
         raise RuntimeError("preflight gave no JSON:\n%s\n%s" % (out.stdout, out.stderr))
