@@ -56,7 +56,9 @@ class Started:
         self.pids = set()
 
     def start(self, role: str, workdir: Path, mib: int = 1024, timeout: float = 300) -> dict:
-        ready = workdir / ("%s-%d.json" % (role, len(self.procs)))
+        ready = workdir / ("%s-%d-%d.json" % (role, os.getpid(), len(self.procs)))
+        if ready.exists():
+            ready.unlink()
         argv = [PY, "-m", "tests.gpu.holders", role, "--ready", str(ready), "--mib", str(mib), "--tag", TAG]
         proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append(proc)
@@ -96,9 +98,9 @@ def ansible_env() -> dict:
     return env
 
 
-def preflight_targets(protect: list) -> list:
-    """gpu_reset in check mode: what the reset would signal, nothing signalled."""
-    args = json.dumps({"protect_names": protect})
+def preflight_targets(protect: list, patterns: list) -> list:
+    """gpu_reset in check mode with the reset's options: what it would signal, nothing signalled."""
+    args = json.dumps({"protect_names": protect, "cmdline_patterns": patterns})
     out = subprocess.run(["ansible", "localhost", "-c", "local", "-m", "cleanslate.gpu.gpu_reset", "-a", args,
                           "--check", "-e", "ansible_python_interpreter=" + PY],
                          cwd=REPO, env=dict(ansible_env(), ANSIBLE_STDOUT_CALLBACK="minimal", ANSIBLE_LOAD_CALLBACK_PLUGINS="1"),
@@ -109,13 +111,25 @@ def preflight_targets(protect: list) -> list:
     return json.loads(match.group(1)).get("targets", [])
 
 
+INVENTORY = """all:
+  children:
+    gpu_nodes:
+      hosts:
+        localhost:
+          ansible_connection: local
+          ansible_python_interpreter: %s
+"""
+
+
 def run_reset(extra: dict, log: Path) -> dict:
-    """playbooks/reset.yml on localhost; returns recap counts and the host's node_reset_result."""
+    """playbooks/reset.yml -l gpu_nodes on this machine; returns the recap counts and timing."""
     vars_file = log.with_suffix(".vars.json")
     vars_file.write_text(json.dumps(extra))
+    inventory = log.parent / "inventory.yml"
+    inventory.write_text(INVENTORY % PY)
     start = time.monotonic()
-    out = subprocess.run(["ansible-playbook", "playbooks/reset.yml", "-i", "localhost,", "-c", "local",
-                          "-e", "ansible_python_interpreter=" + PY, "-e", "@" + str(vars_file)],
+    out = subprocess.run(["ansible-playbook", "playbooks/reset.yml", "-i", str(inventory), "-l", "gpu_nodes",
+                          "-e", "@" + str(vars_file)],
                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
     seconds = time.monotonic() - start
     log.write_text(out.stdout + out.stderr)
@@ -123,9 +137,10 @@ def run_reset(extra: dict, log: Path) -> dict:
     if not recap:
         raise RuntimeError("no play recap; see %s\n%s" % (log, out.stdout[-3000:] + out.stderr[-2000:]))
     ok, changed, unreachable, failed = (int(x) for x in recap.groups())
-    report = sorted((REPO / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    reports = sorted((REPO / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    row = json.loads(reports[-1].read_text())["hosts"][0] if reports else {}
     return {"rc": out.returncode, "changed": changed, "failed": failed + unreachable, "seconds": round(seconds, 2),
-            "report": str(report[-1]) if report else None}
+            "report": str(reports[-1]) if reports else None, "row": row}
 
 
 PROTECT = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter"]
@@ -138,7 +153,7 @@ def scenario(name: str, workdir: Path, setup, out: Path, reset_vars: dict) -> di
         info = setup(started, workdir)
         started.reap()
         result["before"] = nvml_read()
-        targets = preflight_targets(PROTECT)
+        targets = preflight_targets(PROTECT, reset_vars["node_reset_gpu_reset_cmdline_patterns"])
         foreign = [t for t in targets if t["pid"] not in started.pids]
         result["preflight_targets"] = [{"pid": t["pid"], "name": t["name"], "reason": t.get("reason")}
                                        for t in targets]
@@ -159,7 +174,7 @@ def scenario(name: str, workdir: Path, setup, out: Path, reset_vars: dict) -> di
             "report written": bool(first["report"]),
             "second run changed=0": second["rc"] == 0 and second["changed"] == 0,
         }
-        checks.update(info.get("checks", lambda: {})())
+        checks.update(info.get("checks", lambda first: {})(first))
         result["checks"] = checks
         result["passed"] = all(checks.values())
         return result
@@ -172,7 +187,8 @@ def scenario(name: str, workdir: Path, setup, out: Path, reset_vars: dict) -> di
 
 def s1_big_holder(started, workdir):
     started.start("hold", workdir, mib=20480)
-    return {}
+    return {"checks": lambda first: {"report: one killed, >= 20000 MiB freed":
+                                     first["row"].get("killed") == 1 and first["row"].get("mib_freed", 0) >= 20000}}
 
 
 def s2_fork_child(started, workdir):
@@ -183,18 +199,19 @@ def s2_fork_child(started, workdir):
     while alive(dead) and time.monotonic() < deadline:
         time.sleep(0.05)
     listed = [pid for g in nvml_read() for pid in g["pids"]]
-    return {"checks": lambda: {"NVML listed the dead parent while the child held memory": dead in listed,
-                               "forked child gone": not alive(child)}}
+    return {"checks": lambda first: {"NVML listed the dead parent while the child held memory": dead in listed,
+                                     "forked child gone": not alive(child)}}
 
 
 def s3_term_ignorer(started, workdir):
-    started.start("ignore-term", workdir, mib=2048)
-    return {}
+    info = started.start("ignore-term", workdir, mib=2048)
+    return {"checks": lambda first: {"TERM-ignorer gone": not alive(info["pids"][0])}}
 
 
 def s4_spawn_tree(started, workdir):
     info = started.start("spawn-tree", workdir, mib=2048)
-    return {"checks": lambda: {"spawn parent (holds nothing) gone": not alive(info["parent"])}}
+    return {"checks": lambda first: {"spawn parent (holds nothing) gone": not alive(info["parent"]),
+                                     "every worker gone": not any(alive(pid) for pid in info["pids"])}}
 
 
 def s5_monitor(started, workdir):
@@ -205,14 +222,18 @@ def s5_monitor(started, workdir):
 
 def s6_shm(started, workdir):
     info = started.start("shm-leftovers", workdir)
-    os.kill(info["pids"][0], signal.SIGKILL)  # the crash: nothing unlinks the segments
+    # The crash: SIGKILL to the whole process group, so the helpers that would unlink the
+    # segments on a clean exit (multiprocessing's resource_tracker, torch_shm_manager) die too.
+    os.killpg(info["pids"][0], signal.SIGKILL)
     deadline = time.monotonic() + 10
     while alive(info["pids"][0]) and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(1)
     before = sorted(p for p in os.listdir("/dev/shm") if p.startswith(("torch_", "psm_")))
-    return {"checks": lambda: {
+    return {"checks": lambda first: {
         "torch_* and psm_* leftovers existed": any(p.startswith("torch_") for p in before)
         and any(p.startswith("psm_") for p in before),
+        "report: shm bytes freed > 0": first["row"].get("shm_bytes_freed", 0) > 0,
         "leftovers removed": not [p for p in os.listdir("/dev/shm") if p in before]}}
 
 
@@ -250,6 +271,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     workdir = out / "work"
     workdir.mkdir(exist_ok=True)
+    for stale in workdir.glob("*.json"):
+        stale.unlink()
     reset_vars = {"node_reset_gpu_reset_cmdline_patterns": [re.escape(TAG)],
                   "node_reset_gpu_reset_protect_names": PROTECT}
     summary = {"idle": nvml_read(), "scenarios": []}
