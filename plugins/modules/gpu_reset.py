@@ -544,6 +544,7 @@ def run(module, started):
         "protected": [{"pid": pid, "name": process_name(pid), "reason": why} for pid, why in sorted(planner.protected.items())],
     }
     before = dict(planner.held)
+    before_text = holders_text(before) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
         after = dict((pid, devs) for pid, devs in before.items() if pid not in reasons)
     else:
@@ -555,7 +556,7 @@ def run(module, started):
         result["survivors"] = [survivor_report(pid, names[pid], planner.held.get(pid, []), params["kill_timeout"]) for pid in left]
         after = dict((pid, sorted(devs)) for pid, devs in _procs.scan(paths).items()) if module._diff else {}
     if module._diff:
-        result["diff"] = {"before": holders_text(before), "after": holders_text(after)}
+        result["diff"] = {"before": before_text, "after": holders_text(after)}
     result["elapsed_s"] = round(time.monotonic() - started, 3)
     return result
 
