@@ -26,7 +26,7 @@ description:
   - Without an NVIDIA driver or without the C(pynvml) library it works from the device files alone and says so in
     RV(nvml).
 author:
-  - cleanslate.gpu maintainers
+  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it NVML hints are skipped)

@@ -58,6 +58,10 @@ class Holders(object):
         self.pids = []
 
     def start(self, **spec):
+        """Start a holder without a child; returns its pid."""
+        return self.start_with_child(**spec)[0]
+
+    def start_with_child(self, **spec):
         """Start a holder; returns (pid, child pid or None)."""
         proc = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps(spec)], stdout=subprocess.PIPE, text=True)
         self.procs.append(proc)
@@ -222,9 +226,9 @@ def test_dead_parent_listed_by_nvml_kills_the_forked_child_not_the_reused_pid(de
     # The parent opens nothing, forks a child that holds GPU 0, and exits. NVML keeps
     # listing the parent's pid; here that pid "now belongs" to an unrelated process, which we
     # stand in with a live bystander of ours that holds no device.
-    parent, child = holders.start(open=[], child={"open": [str(dev / "nvidia0"), str(dev / "nvidiactl")]},
-                                  parent_exits=True)
-    reused, _ = holders.start()
+    child = holders.start_with_child(open=[], child={"open": [str(dev / "nvidia0"), str(dev / "nvidiactl")]},
+                                     parent_exits=True)[1]
+    reused = holders.start()
     fake_nvml.register(child, 0, 30000, reported_pid=reused)
     result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=fake_nvml.env())
     assert result["rc"] == 0, result.get("msg")
@@ -238,8 +242,8 @@ def test_nvml_listed_holder_of_a_device_outside_device_paths_is_a_target(tmp_pat
     other = tmp_path / "container-dev"
     other.mkdir()
     (other / "nvidia2").touch()
-    listed, _ = holders.start(open=[str(other / "nvidia2")])
-    listed_no_device, _ = holders.start()
+    listed = holders.start(open=[str(other / "nvidia2")])
+    listed_no_device = holders.start()
     fake_nvml.register(listed, 2, 1000)
     fake_nvml.register(listed_no_device, 3, 1000)
     result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=fake_nvml.env())
@@ -250,7 +254,7 @@ def test_nvml_listed_holder_of_a_device_outside_device_paths_is_a_target(tmp_pat
 
 
 def test_without_nvml_the_device_files_are_enough(dev, holders):
-    pid, _ = holders.start(open=[str(dev / "nvidia3")])
+    pid = holders.start(open=[str(dev / "nvidia3")])
     result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
     assert result["rc"] == 0, result.get("msg")
     assert result["nvml"].startswith("unavailable: ")
@@ -262,12 +266,12 @@ def test_without_nvml_the_device_files_are_enough(dev, holders):
 # --- children, protection, zombies, survivors ------------------------------------------
 
 def test_children_of_a_target_die_unless_include_children_is_off(dev, holders):
-    spared_parent, spared_child = holders.start(open=[str(dev / "nvidia0")], child={"open": []})
+    spared_parent, spared_child = holders.start_with_child(open=[str(dev / "nvidia0")], child={"open": []})
     off = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), include_children=False), env=_no_nvml())
     assert [t["pid"] for t in off["targets"]] == [spared_parent]
     assert holders.alive(spared_child) and not holders.alive(spared_parent)
 
-    parent, child = holders.start(open=[str(dev / "nvidia1")], child={"open": []})
+    parent, child = holders.start_with_child(open=[str(dev / "nvidia1")], child={"open": []})
     on = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
     reasons = dict((t["pid"], t["reason"]) for t in on["targets"])
     assert reasons[parent] == "device" and reasons[child] == "child"
@@ -282,7 +286,7 @@ def test_protected_holder_and_its_children_are_spared(tmp_path, dev, holders):
     spec = {"open": [str(dev / "nvidiactl")], "child": {"open": []}}
     proc = subprocess.Popen([str(persistenced), "-c", HOLDER, json.dumps(spec)], stdout=subprocess.PIPE, text=True)
     holders.procs.append(proc)
-    lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    lines = [json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())]
     child = [line for line in lines if "child" in line][0]["child"]
     holders.pids += [(proc.pid, _created(proc.pid)), (child, _created(child))]
     result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
@@ -295,7 +299,7 @@ def test_protected_holder_and_its_children_are_spared(tmp_path, dev, holders):
 def test_zombie_counts_as_gone(dev, holders):
     # The child holds the device and exits on SIGTERM; its parent never reaps it, so it stays
     # a zombie. That must count as gone at once: no SIGKILL, no survivor.
-    parent, child = holders.start(child={"open": [str(dev / "nvidia0")]})
+    parent, child = holders.start_with_child(child={"open": [str(dev / "nvidia0")]})
     result = run_module("gpu_reset", dict(device_paths=_globs(dev), include_children=False, grace_period=30,
                                           kill_timeout=1), env=_no_nvml())
     assert result["rc"] == 0, result.get("msg")
@@ -332,7 +336,7 @@ def _dissolve(base, groups):
 
 
 def test_process_that_survives_sigkill_fails_the_task_with_its_reason(dev, holders, frozen_cgroup):
-    pid, _ = holders.start(open=[str(dev / "nvidia2")])
+    pid = holders.start(open=[str(dev / "nvidia2")])
     (frozen_cgroup / "cgroup.procs").write_text(str(pid))
     (frozen_cgroup / "freezer.state").write_text("FROZEN")
     try:
@@ -370,8 +374,8 @@ def lxc_cgroups():
 
 def test_cgroup_scope_spares_a_holder_in_another_container(dev, holders, lxc_cgroups):
     top, groups = lxc_cgroups
-    inside, _ = holders.start(open=[str(dev / "nvidia0")])
-    other, _ = holders.start(open=[str(dev / "nvidia1")])
+    inside = holders.start(open=[str(dev / "nvidia0")])
+    other = holders.start(open=[str(dev / "nvidia1")])
     (groups["129"] / "cgroup.procs").write_text(str(inside))
     (groups["130"] / "cgroup.procs").write_text(str(other))
     scope = "/%s/lxc/129/" % top.name
@@ -382,7 +386,7 @@ def test_cgroup_scope_spares_a_holder_in_another_container(dev, holders, lxc_cgr
 
 
 def test_users_scope(dev, holders):
-    pid, _ = holders.start(open=[str(dev / "nvidia0")])
+    pid = holders.start(open=[str(dev / "nvidia0")])
     nobody = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), users=["nobody"]), env=_no_nvml())
     assert nobody["rc"] == 0 and nobody["targets"] == [] and holders.alive(pid)
     mine = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), users=[str(os.getuid())]), env=_no_nvml())
@@ -401,7 +405,7 @@ def test_users_scope(dev, holders):
     ({"device_paths": ["dev/nvidia*"]}, "not an absolute path"),
 ])
 def test_bad_input_fails_clearly_and_kills_nothing(dev, holders, params, message):
-    pid, _ = holders.start(open=[str(dev / "nvidia0")])
+    pid = holders.start(open=[str(dev / "nvidia0")])
     args = dict(FAST, device_paths=_globs(dev))
     args.update(params)
     result = run_module("gpu_reset", args, env=_no_nvml())
@@ -411,7 +415,7 @@ def test_bad_input_fails_clearly_and_kills_nothing(dev, holders, params, message
 
 
 def test_unknown_gpu_with_nvml_lists_the_valid_ones(dev, holders, fake_nvml):
-    pid, _ = holders.start(open=[str(dev / "nvidia0")])
+    pid = holders.start(open=[str(dev / "nvidia0")])
     result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), gpus=["9"]), env=fake_nvml.env())
     assert result["rc"] != 0
     assert "0-7" in result["msg"] and fake_nvml.uuids[0] in result["msg"]
