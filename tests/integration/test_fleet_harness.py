@@ -146,10 +146,13 @@ def test_down_removes_everything_even_after_the_owner_was_killed(tmp_path, fake_
 
 
 def _starttime(pid):
+    """The process's start time, or None when it is gone or a zombie (its parent, the killed
+    owner's nspawn, is gone, so whoever inherits it may reap it late)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 def _hierarchies():

@@ -157,6 +157,9 @@ def test_the_host_side_sweep_kills_one_containers_holders_and_spares_the_others(
                        "node_reset_pve_cgroup": node2.cgroup.match, "node_reset_pve_connect_timeout": 3})
     host_vars.write_text(yaml.safe_dump(node2_vars))
     fleet.run("node2", ["systemctl", "stop", "ssh.service", "ssh.socket"])
+    # Sessions outlive the service (Ansible's ControlPersist masters from earlier tests):
+    # end them too, inside node2's own PID namespace only.
+    fleet.run("node2", ["pkill", "-KILL", "-x", "sshd"], check=False)
 
     proc, report = _playbook(fleet, tmp_path, limit="node2", extra_inventory=pve)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

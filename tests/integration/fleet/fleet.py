@@ -116,8 +116,12 @@ class Fleet:
         """Power every host off (SIGTERM to nspawn, cgroup.kill after), remove what up() made."""
         if self._lock is None:
             return
-        with ThreadPoolExecutor(max(1, len(self.hosts))) as pool:
-            list(pool.map(lambda h: h.stop(), self.hosts.values()))
+        # SIGTERM to every nspawn first, then wait for each: the hosts power off side by side.
+        # (No thread pool: down() also runs from atexit, where new threads are refused.)
+        for host in self.hosts.values():
+            host.request_stop()
+        for host in self.hosts.values():
+            host.stop()
         for host in self.hosts.values():
             host.cgroup.remove()
             host.unmount()

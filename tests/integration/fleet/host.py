@@ -154,6 +154,15 @@ class Host:
             self._watcher.join(timeout)
         return not self.running()
 
+    def request_stop(self) -> None:
+        """SIGTERM to nspawn, which powers the container off cleanly; stop() waits for it."""
+        self._stopping = True
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, timeout: float = 30) -> None:
         """Clean poweroff via SIGTERM to nspawn; cgroup.kill for whatever is left after."""
         self._stopping = True
