@@ -103,3 +103,69 @@ def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
     os.symlink("/dev/null", proc / "12" / "fd" / "0")
     (proc / "self").mkdir()
     assert _procs.scan([target], proc=str(proc)) == {10: {target}}
+
+
+IGNORE_TERM = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print('ready', flush=True)
+time.sleep(600)
+"""
+
+SLEEP = """
+import time
+print('ready', flush=True)
+time.sleep(600)
+"""
+
+
+def _starttime(pid):
+    return _procs.read_stat(pid)["starttime"]
+
+
+def test_read_stat_keeps_a_comm_with_spaces_and_parentheses(started):
+    proc = _start("import ctypes, time\nctypes.CDLL(None).prctl(15, b'a) (b c', 0, 0, 0)\nprint('ready', flush=True)\n"
+                  "time.sleep(600)")
+    started.append(proc)
+    stat = _procs.read_stat(proc.pid)
+    assert stat["comm"] == "a) (b c"
+    assert stat["ppid"] == os.getpid() and stat["state"] in "SR"
+
+
+def test_terminate_uses_sigterm_then_sigkill_for_an_ignorer(started):
+    polite, stubborn = _start(SLEEP), _start(IGNORE_TERM)
+    started.extend([polite, stubborn])
+    ended, survivors, signalled = _procs.terminate(
+        [(polite.pid, _starttime(polite.pid)), (stubborn.pid, _starttime(stubborn.pid))], 0.5, 30)
+    assert survivors == [] and signalled == 2
+    assert dict((e["pid"], e["signal"]) for e in ended) == {polite.pid: "SIGTERM", stubborn.pid: "SIGKILL"}
+    # Both were our children: terminate reaped them, so not even a zombie is left in /proc.
+    assert not os.path.exists("/proc/%d" % polite.pid) and not os.path.exists("/proc/%d" % stubborn.pid)
+
+
+def test_terminate_never_signals_a_pid_whose_start_time_differs(started):
+    # The same pid with another start time is another process (pid reuse): leave it alone.
+    proc = _start(SLEEP)
+    started.append(proc)
+    ended, survivors, signalled = _procs.terminate([(proc.pid, _starttime(proc.pid) + 1)], 0.1, 0.1)
+    assert (ended, survivors, signalled) == ([], [], 0)
+    assert proc.poll() is None
+
+
+def test_descendants_do_not_walk_through_an_excluded_process():
+    table = {10: {"ppid": 1}, 11: {"ppid": 10}, 12: {"ppid": 11}, 13: {"ppid": 10}, 14: {"ppid": 13}}
+    index = _procs.children_index(table)
+    assert _procs.descendants([10], index, lambda pid: False) == [11, 13, 12, 14]
+    assert _procs.descendants([10], index, lambda pid: pid == 13) == [11, 12]
+
+
+@pytest.mark.parametrize("names, comm, expected", [
+    (["nvidia-persiste", "nvidia-persistenced"], "nvidia-persiste", True),
+    (["nvidia-persiste", "python3"], "nvidia-persiste", True),   # truncated comm alone
+    (["python3", "python3"], "python3", False),
+    (["Xorg"], "Xorg", True),
+    (["Xor"], "Xor", False),                                     # short comm is never a prefix match
+])
+def test_protected_names_allow_for_the_15_character_comm(names, comm, expected):
+    protect = {"nvidia-persistenced", "Xorg"}
+    assert _procs.name_is_protected(names, comm, protect) is expected
