@@ -426,3 +426,18 @@ def test_device_glob_matching_nothing_is_nothing_to_do(tmp_path):
     result = run_module("gpu_reset", dict(FAST, device_paths=[str(tmp_path / "nothing" / "nvidia*")]), env=_no_nvml())
     assert result["rc"] == 0
     assert result["changed"] is False and result["targets"] == []
+
+
+def test_missing_psutil_names_the_library_and_kills_nothing(tmp_path, dev, holders):
+    # An interpreter on which `import psutil` fails, as on a host without it: the real
+    # interpreter with psutil's import blocked before the module file runs.
+    python = tmp_path / "python-without-psutil"
+    python.write_text("#!/bin/sh\nexec %s -c 'import runpy, sys; sys.modules[\"psutil\"] = None; "
+                      "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name=\"__main__\")' \"$@\"\n"
+                      % sys.executable)
+    python.chmod(0o755)
+    pid = holders.start(open=[str(dev / "nvidia0")])
+    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml(), python=str(python))
+    assert result["rc"] != 0
+    assert "psutil" in result["msg"] and "Failed to import the required Python library" in result["msg"]
+    assert holders.alive(pid)
