@@ -25,7 +25,7 @@ description:
     number or header is not valid for O(python); or when its code differs from what the current source compiles
     to under O(python), which catches a patch that kept the source's size and mtime (C(cp -p), C(rsync -t), tar,
     an edit within the same second) and that Python itself cannot see. See O(compare_code).
-  - A C(.pyc) compiled for another interpreter (another cache tag) is kept and reported in RV(skipped) unless its
+  - A C(.pyc) compiled for another interpreter (another cache tag) is kept and reported in RV(kept) unless its
     source no longer exists; check it by running the module again with O(python) set to that interpreter, or
     remove it with O(mode=all).
   - With O(mode=all), every C(.pyc) of the targets is removed.
@@ -161,8 +161,9 @@ checked:
   returned: always
   type: int
   sample: 2113
-skipped:
+kept:
   description:
+    - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
     - C(.pyc) files that were kept without a full check, with the reason, for example bytecode of another
       interpreter whose source still exists.
   returned: always
@@ -429,7 +430,7 @@ def main():
         'changed': bool(removed),
         'removed': removed,
         'checked': result['checked'],
-        'skipped': result['skipped'],
+        'kept': result['skipped'],
         'problems': result['problems'],
         'errors': errors,
         'targets': targets,

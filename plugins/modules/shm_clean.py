@@ -16,7 +16,7 @@ description:
     left in O(path), so that the next server start does not fail with "No space left on device".
   - Only the top-level entries of O(path) whose names match O(patterns) and no O(exclude) pattern are
     considered. Regular files are removed. A matching symbolic link is removed as a link; its target is
-    never touched. Directories and other file types are never removed; they are reported in RV(skipped).
+    never touched. Directories and other file types are never removed; they are reported in RV(kept).
   - An entry is B(in use) when a live process has it open or mapped (C(/proc/PID/fd), C(/proc/PID/maps),
     C(/proc/PID/map_files)); a segment stays mapped after its file descriptor was closed, so the maps are
     read too. A C(torch_<pid>_*) entry is also in use while the process whose pid its name carries is alive.
@@ -146,8 +146,10 @@ in_use:
       elements: int
       sample: [4242]
   sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
-skipped:
-  description: Matching entries that were kept for another reason, with that reason.
+kept:
+  description:
+    - Matching entries that were kept for another reason, with that reason.
+    - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
   returned: always
   type: list
   elements: dict
@@ -391,7 +393,7 @@ def clean(module, fd, base):
         'changed': bool(removed),
         'removed': removed,
         'in_use': in_use,
-        'skipped': skipped,
+        'kept': skipped,
         'errors': errors,
         'bytes_freed': sum(item['bytes'] for item in removed),
     }

@@ -201,7 +201,7 @@ def test_bytecode_of_another_interpreter_is_kept_and_reported(tmp_path):
 
     assert result["rc"] == 0, result
     assert reasons(result) == {pyc: "code differs"}
-    assert result["skipped"] == [{"pyc": foreign, "source": str(source),
+    assert result["kept"] == [{"pyc": foreign, "source": str(source),
                                   "reason": "compiled for cpython-310; this interpreter is %s" % tag_of(VENV_PY)}]
     assert os.path.exists(foreign)
 
@@ -240,7 +240,7 @@ def test_another_version_judges_its_own_bytecode(tmp_path, python):
     assert result["rc"] == 0, result
     assert result["python"]["cache_tag"] == tag_of(python)
     assert reasons(result) == {theirs_hash: "hash differs"}
-    assert [item["pyc"] for item in result["skipped"]] == [mine]
+    assert [item["pyc"] for item in result["kept"]] == [mine]
     assert imported_value(python, site) == "new"
     # And the venv's own run catches its own stale bytecode, leaving the other version's fresh one.
     result = purge({"paths": [str(site)]})

@@ -174,7 +174,7 @@ def test_removes_leftovers_and_keeps_every_live_segment(crashed):
     assert result["changed"] is True
     assert paths(result["removed"]) == crashed["removable"]
     assert {Path(i["path"]).name: i["pids"] for i in result["in_use"]} == crashed["in_use"]
-    skipped = {Path(i["path"]).name: i["why"] for i in result["skipped"]}
+    skipped = {Path(i["path"]).name: i["why"] for i in result["kept"]}
     assert set(skipped) == {"nccl-young", "nccl-dir"}
     assert "min_age" in skipped["nccl-young"] and "directory" in skipped["nccl-dir"]
     assert result["errors"] == []
@@ -286,7 +286,7 @@ def test_only_regular_files_and_links_are_removed(shm_dir):
     result = run_module("shm_clean", {"path": str(shm_dir)})
 
     assert paths(result["removed"]) == {"nccl-file"}
-    assert [(Path(i["path"]).name, "FIFO" in i["why"]) for i in result["skipped"]] == [("nccl-fifo", True)]
+    assert [(Path(i["path"]).name, "FIFO" in i["why"]) for i in result["kept"]] == [("nccl-fifo", True)]
     assert (shm_dir / "nccl-fifo").exists()
 
 

@@ -1,0 +1,67 @@
+"""verify.yml and reset.yml on the local simulated crashed node, as an operator runs them:
+verify changes nothing and fails a dirty node, reset cleans it, verify then passes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _playbook(name: str, manifest: dict, tmp_path: Path) -> tuple:
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps({
+        "node_reset_environment": manifest["nvml"]["env"],
+        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
+        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
+        "node_reset_gpu_reset_grace_period": 2,
+        "node_reset_shm_clean_path": manifest["shm_dir"],
+        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
+        "node_reset_pycache_purge_python": manifest["python"],
+        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
+        "fleet_report_path": str(tmp_path / "reports"),
+    }))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    before = set((tmp_path / "reports").glob("*.json"))
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{name}.yml",
+                           "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
+    reports = sorted(set((tmp_path / "reports").glob("*.json")) - before)
+    assert len(reports) == 1, proc.stdout[-3000:]
+    return proc, json.loads(reports[0].read_text())["hosts"][0]
+
+
+def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset(crashed_node, tmp_path):
+    manifest = crashed_node
+    (tmp_path / "reports").mkdir()  # so that the recap counts only what happens on the node
+    every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+
+    proc, row = _playbook("verify", manifest, tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "dirty"
+    assert row["killed"] >= len(manifest["processes"]["worker"])  # what a reset would stop
+    assert "changed=0" in proc.stdout.split("PLAY RECAP")[-1]
+    assert all(_alive(pid) for pid in every_pid), "verify must not signal anything"
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+
+    proc, row = _playbook("reset", manifest, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert row["status"] == "ok" and row["killed"] > 0 and row["shm_bytes_freed"] > 0
+
+    proc, row = _playbook("verify", manifest, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert row["status"] == "clean"
+    for role in ("bystander", "persistenced"):
+        assert all(_alive(entry["pid"]) for entry in manifest["processes"][role])
