@@ -35,7 +35,8 @@ def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
     args["_ansible_diff"] = diff
     run_env = dict(os.environ)
     run_env.update(env or {})
-    run_env["PYTHONPATH"] = str(collections)
+    # The collection first; keep what the caller had (e.g. ansible installed with --target).
+    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(collections), run_env.get("PYTHONPATH")]))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
         args_path = handle.name
