@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -262,6 +263,53 @@ def release_latency(workdir: Path, mib: int = 20480) -> float:
         started.kill_all()
 
 
+def _wait_idle(handles, pynvml) -> None:
+    while any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used >= IDLE_MIB * 2**20
+              for h in handles):
+        time.sleep(0.005)
+
+
+def reset_vs_ritual(workdir: Path, runs: int = 3, mib: int = 4096) -> dict:
+    """The same crash (one CUDA holder that exits on SIGTERM), cleared two ways, side by side:
+    the gpu_reset module (run as Ansible runs it) and the manual ritual, each timed from its
+    start until NVML v2 shows the GPU idle. The ritual here is confined to this script's holder
+    (kill -9 <pid>; sleep 3; fuser -v on the device files; sleep 3; nvidia-smi), since the real
+    one (pkill -9 python3; fuser -k /dev/nvidia*) would kill whatever else runs on the machine."""
+    sys.path.insert(0, str(REPO))
+    from tests.run_module import run_module  # pylint: disable=import-outside-toplevel
+    import pynvml  # pylint: disable=import-outside-toplevel
+    devices = sorted(str(p) for p in Path("/dev").glob("nvidia*") if not p.is_dir())
+    times = {"module": [], "ritual": []}
+    pynvml.nvmlInit()  # this process is the module's ancestor: never one of its targets
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        for _run in range(runs):
+            for way in ("module", "ritual"):
+                started = Started()
+                try:
+                    pid = started.start("hold", workdir, mib=mib)["pids"][0]
+                    check = run_module("gpu_reset", {"protect_names": PROTECT}, check=True)
+                    if [t["pid"] for t in check.get("targets", [])] != [pid]:
+                        raise RuntimeError("targets other than our holder: %s" % check.get("targets"))
+                    start = time.monotonic()
+                    if way == "module":
+                        result = run_module("gpu_reset", {"protect_names": PROTECT})
+                        if result.get("failed"):
+                            raise RuntimeError(result.get("msg"))
+                    else:
+                        subprocess.run("kill -9 %d; sleep 3; fuser -v %s; sleep 3; nvidia-smi >/dev/null"
+                                       % (pid, " ".join(devices)), shell=True, check=False,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    _wait_idle(handles, pynvml)
+                    times[way].append(round(time.monotonic() - start, 3))
+                finally:
+                    started.kill_all()
+    finally:
+        pynvml.nvmlShutdown()
+    med = {way: statistics.median(values) for way, values in times.items()}
+    return {"runs": times, "median_s": med, "ritual_over_module": round(med["ritual"] / med["module"], 1)}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m tests.gpu.scenarios")
     parser.add_argument("--out", required=True)
@@ -285,6 +333,8 @@ def main(argv=None):
         print("%-22s %s %s" % (name, status, json.dumps(result.get("checks") or result.get("error"))), flush=True)
     summary["sigkill_to_released_s_20gib"] = [round(release_latency(workdir), 3) for _run in range(3)]
     print("SIGKILL to released (20 GiB holder), s:", summary["sigkill_to_released_s_20gib"], flush=True)
+    summary["reset_vs_ritual"] = reset_vs_ritual(workdir)
+    print("gpu_reset module vs manual ritual until the GPU is idle:", json.dumps(summary["reset_vs_ritual"]), flush=True)
     (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
     passed = sum(1 for r in summary["scenarios"] if r.get("passed"))
     failed = len(summary["scenarios"]) - passed
