@@ -202,7 +202,7 @@ def test_bytecode_of_another_interpreter_is_kept_and_reported(tmp_path):
     assert result["rc"] == 0, result
     assert reasons(result) == {pyc: "code differs"}
     assert result["kept"] == [{"pyc": foreign, "source": str(source),
-                                  "reason": "compiled for cpython-310; this interpreter is %s" % tag_of(VENV_PY)}]
+                               "reason": "compiled for cpython-310; this interpreter is %s" % tag_of(VENV_PY)}]
     assert os.path.exists(foreign)
 
 

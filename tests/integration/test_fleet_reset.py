@@ -24,9 +24,9 @@ HOSTS = ("node1", "node2", "node3")
 def _crash(fleet, name) -> dict:
     host = fleet.hosts[name]
     root = host.shared / "sim"
-    fleet.spawn(name, "crashed-server", ["python3", "-m", "tests.sim", "crash", "--root", str(root),
-                                          "--lib-dir", HOST_NVML_LIB, "--python", "/usr/bin/python3"],
-                cwd=HOST_PARENT, timeout=180)
+    argv = ["python3", "-m", "tests.sim", "crash", "--root", str(root),
+            "--lib-dir", HOST_NVML_LIB, "--python", "/usr/bin/python3"]
+    fleet.spawn(name, "crashed-server", argv, cwd=HOST_PARENT, timeout=180)
     return json.loads((root / "manifest.json").read_text())
 
 
