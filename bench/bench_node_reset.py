@@ -100,7 +100,7 @@ def main():
         try:
             psmisc = fleet.run("node1", ["sh", "-c", "command -v fuser"], check=False).returncode == 0
             reports = Path(tmp) / "reports"
-            for _ in range(args.repeat):
+            for _round in range(args.repeat):
                 crash(fleet, "node1")
                 times["reset_1"].append(playbook(fleet, "node1", reports))
                 manifests = {name: crash(fleet, name) for name in fleet.hosts}

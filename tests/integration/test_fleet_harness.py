@@ -133,12 +133,12 @@ def test_down_removes_everything_even_after_the_owner_was_killed(tmp_path, fake_
     assert not (tmp_path / "killed" / "node1").exists()
     host = fleet.hosts["node1"]
     fleet.spawn("node1", "leftover", ["sh", "-c", "sleep 600 &"])
-    cgroup_dirs = [root / host.cgroup.relpath for root, _ in _hierarchies()]
+    cgroup_dirs = [root / host.cgroup.relpath for root, _is_v2 in _hierarchies()]
     assert all(d.exists() for d in cgroup_dirs)
     fleet.down()
 
     assert all(not d.exists() for d in cgroup_dirs)
-    assert all(not (root / "cleanslate-fleet-7").exists() for root, _ in _hierarchies())
+    assert all(not (root / "cleanslate-fleet-7").exists() for root, _is_v2 in _hierarchies())
     assert str(tmp_path) not in Path("/proc/self/mountinfo").read_text()
     assert subprocess.run(["ip", "link", "show", "dev", "csfleet7"], capture_output=True, check=False).returncode != 0
     assert not (tmp_path / "next" / "node1").exists()

@@ -29,7 +29,7 @@ def hierarchies():
         found.append((CGROUP_FS / "unified", True))
     if (CGROUP_FS / "systemd" / "cgroup.procs").exists():
         found.append((CGROUP_FS / "systemd", False))
-    if not any(v2 for _, v2 in found):
+    if not any(v2 for _path, v2 in found):
         raise RuntimeError("no cgroup v2 hierarchy is mounted: /sys/fs/cgroup/unified or /sys/fs/cgroup")
     return found
 
@@ -47,12 +47,12 @@ class Cgroup:
         return f"/{self.relpath}/"
 
     def create(self) -> None:
-        for path, _ in self.dirs:
+        for path, _is_v2 in self.dirs:
             path.mkdir(parents=True, exist_ok=True)
 
     def enter_shell_lines(self):
         """Shell commands that move the running shell ($$) into this cgroup."""
-        return [f"echo $$ > {path}/cgroup.procs" for path, _ in self.dirs]
+        return [f"echo $$ > {path}/cgroup.procs" for path, _is_v2 in self.dirs]
 
     def _v2(self) -> Path:
         return next(path for path, v2 in self.dirs if v2)
@@ -60,7 +60,7 @@ class Cgroup:
     def pids(self):
         """Every process in this cgroup or below it."""
         found = []
-        for dirpath, _, files in os.walk(self._v2()):
+        for dirpath, _dirs, files in os.walk(self._v2()):
             if "cgroup.procs" in files:
                 try:
                     found.extend(int(x) for x in Path(dirpath, "cgroup.procs").read_text().split())
@@ -97,10 +97,10 @@ class Cgroup:
     def remove(self, timeout: float = 10) -> None:
         """rmdir the tree bottom-up in every hierarchy (a cgroup is removed only when empty)."""
         deadline = time.monotonic() + timeout
-        for path, _ in self.dirs:
+        for path, _is_v2 in self.dirs:
             if not path.exists():
                 continue
-            subdirs = sorted((Path(d) for d, _, _ in os.walk(path)), key=lambda p: len(p.parts), reverse=True)
+            subdirs = sorted((Path(d) for d, _dirs, _files in os.walk(path)), key=lambda p: len(p.parts), reverse=True)
             for sub in subdirs:
                 while True:
                     try:
@@ -118,7 +118,7 @@ def remove_empty_parents(relpath: str, stop_at: str) -> None:
     """rmdir the parents of relpath up to and including stop_at, where they are empty."""
     parts = Path(relpath.strip("/")).parts
     top = len(Path(stop_at.strip("/")).parts)
-    for root, _ in hierarchies():
+    for root, _is_v2 in hierarchies():
         for depth in range(len(parts) - 1, top - 1, -1):
             try:
                 (root / Path(*parts[:depth])).rmdir()
