@@ -3,7 +3,7 @@
 # other missing packages from carried wheels, link the collection, run the crash scenarios and
 # the benchmarks against the real driver. Writes everything under OUT (default build/gpu).
 #
-#   bash tests/gpu/run.sh [OUT]
+#   bash tests/gpu/run.sh [OUT]        (SCENARIOS='4-spawn-tree ...' runs only those, no benchmarks)
 #
 # Wheels: `make gpu-wheels` fills .whl/ on a machine with a package index (Python 3.12, x86-64).
 # Nothing here resets a GPU or changes its settings.
@@ -23,6 +23,6 @@ export PYTHONUNBUFFERED=1 ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.csv"
 python3 tests/gpu/probe_driver.py | tee "$out/probe.txt"
 rc=0
-python3 -m tests.gpu.scenarios --out "$out" || rc=$?
+python3 -m tests.gpu.scenarios --out "$out" ${SCENARIOS:+--only $SCENARIOS} || rc=$?
 cp -r reports "$out/" 2>/dev/null || true
 exit $rc

@@ -73,6 +73,18 @@ class Started:
         self.pids.add(proc.pid)
         return info
 
+    def owns(self, pid: int) -> bool:
+        """Whether pid is one we started or descends from one (e.g. multiprocessing's resource_tracker)."""
+        while pid > 1:
+            if pid in self.pids:
+                return True
+            try:
+                with open("/proc/%d/stat" % pid) as handle:
+                    pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                return False
+        return False
+
     def reap(self):
         for proc in self.procs:
             proc.poll()
@@ -155,7 +167,7 @@ def scenario(name: str, workdir: Path, setup, out: Path, reset_vars: dict) -> di
         started.reap()
         result["before"] = nvml_read()
         targets = preflight_targets(PROTECT, reset_vars["node_reset_gpu_reset_cmdline_patterns"])
-        foreign = [t for t in targets if t["pid"] not in started.pids]
+        foreign = [t for t in targets if not started.owns(t["pid"])]
         result["preflight_targets"] = [{"pid": t["pid"], "name": t["name"], "reason": t.get("reason")}
                                        for t in targets]
         if foreign:
@@ -313,7 +325,7 @@ def reset_vs_ritual(workdir: Path, runs: int = 3, mib: int = 4096) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m tests.gpu.scenarios")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--only", nargs="*", default=None, help="scenario names; none skips the benchmarks too")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -331,6 +343,9 @@ def main(argv=None):
         summary["scenarios"].append(result)
         status = "PASS" if result.get("passed") else "FAIL"
         print("%-22s %s %s" % (name, status, json.dumps(result.get("checks") or result.get("error"))), flush=True)
+    if args.only:
+        (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return 0 if all(r.get("passed") for r in summary["scenarios"]) else 1
     summary["sigkill_to_released_s_20gib"] = [round(release_latency(workdir), 3) for _run in range(3)]
     print("SIGKILL to released (20 GiB holder), s:", summary["sigkill_to_released_s_20gib"], flush=True)
     summary["reset_vs_ritual"] = reset_vs_ritual(workdir)
