@@ -19,22 +19,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from tests import sim  # noqa: E402  pylint: disable=wrong-import-position
+from tests.sim.role_vars import node_reset_vars  # noqa: E402  pylint: disable=wrong-import-position
 
 BUILD = REPO / "build"
-
-
-def role_vars(manifest: dict) -> dict:
-    """The node_reset variables that point the reset at the simulated node, not the real /dev."""
-    return {
-        "node_reset_environment": manifest["nvml"]["env"],
-        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
-        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
-        "node_reset_gpu_reset_grace_period": 3,
-        "node_reset_shm_clean_path": manifest["shm_dir"],
-        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
-        "node_reset_pycache_purge_python": manifest["python"],
-        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
-    }
 
 
 def playbook(vars_file: Path) -> int:
@@ -56,7 +43,7 @@ def main() -> int:
         leftovers = len(manifest["shm"]["leftovers"])
         print("  shm leftovers: %d, stale bytecode: %s" % (leftovers, manifest["site_packages"]["pyc"]))
         vars_file = root.parent / "vars.json"
-        vars_file.write_text(json.dumps(role_vars(manifest), indent=2))
+        vars_file.write_text(json.dumps(node_reset_vars(manifest), indent=2))
         first = playbook(vars_file)
         second = playbook(vars_file)
         survivors = [e["pid"] for r in ("bystander", "persistenced") for e in procs[r]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, REPO
+from tests.sim.role_vars import node_reset_vars
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 HOSTS = ("node1", "node2", "node3")
@@ -43,18 +44,9 @@ def _uncrash(fleet, name) -> None:
 
 
 def _role_vars(manifest) -> dict:
-    return {
-        "node_reset_environment": manifest["nvml"]["env"],
-        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
-        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
-        "node_reset_gpu_reset_grace_period": 3,
-        "node_reset_shm_clean_path": manifest["shm_dir"],
-        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
-        "node_reset_pycache_purge_python": manifest["python"],
-        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
-        "node_reset_nvml_verify_timeout": 20,
-        "node_reset_unit": "vllm.service",  # not installed on the hosts: skipped with a note
-    }
+    return node_reset_vars(manifest, node_reset_nvml_verify_timeout=20,
+                           # not installed on the hosts: skipped with a note
+                           node_reset_unit="vllm.service")
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.sim.role_vars import node_reset_vars
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -21,17 +23,7 @@ def _alive(pid: int) -> bool:
 
 def _playbook(name: str, manifest: dict, tmp_path: Path) -> tuple:
     extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps({
-        "node_reset_environment": manifest["nvml"]["env"],
-        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
-        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
-        "node_reset_gpu_reset_grace_period": 2,
-        "node_reset_shm_clean_path": manifest["shm_dir"],
-        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
-        "node_reset_pycache_purge_python": manifest["python"],
-        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
-        "fleet_report_path": str(tmp_path / "reports"),
-    }))
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"))))
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     before = set((tmp_path / "reports").glob("*.json"))
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{name}.yml",

@@ -1,0 +1,20 @@
+"""The node_reset variables that aim a reset at a simulated node instead of the real /dev,
+/dev/shm and site-packages (used by `make demo`, the playbook tests and the fleet tests)."""
+from __future__ import annotations
+
+
+def node_reset_vars(manifest: dict, **overrides) -> dict:
+    """Role variables for the node that `crash` described in `manifest`, plus overrides."""
+    values = {
+        "node_reset_environment": manifest["nvml"]["env"],
+        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
+        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
+        # The simulated SIGTERM-ignorer would hold every run for the default 30 s.
+        "node_reset_gpu_reset_grace_period": 3,
+        "node_reset_shm_clean_path": manifest["shm_dir"],
+        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
+        "node_reset_pycache_purge_python": manifest["python"],
+        "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
+    }
+    values.update(overrides)
+    return values
