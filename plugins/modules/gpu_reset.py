@@ -263,6 +263,29 @@ protected:
       description: V(protect_names), V(self) (this module or one of its ancestors), V(pid 1) or V(kernel thread).
       type: str
       sample: protect_names
+memory_before:
+  description:
+    - NVML's memory use of every GPU before anything was signalled (v2 "used", without driver-reserved memory), from
+      the same NVML reading that gave the hints; empty when NVML is unavailable.
+    - With RV(cleanslate.gpu.nvml_verify#module:gpus) after the reset it gives the MiB freed per GPU, without opening
+      NVML once more.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: GPU index.
+      type: int
+      sample: 0
+    uuid:
+      description: GPU UUID.
+      type: str
+      sample: GPU-5f0c8a1e-0000-4000-8000-000000000000
+    memory_used_mib:
+      description: MiB used.
+      type: int
+      sample: 70000
+  sample: [{"index": 0, "uuid": "GPU-5f0c8a1e-0000-4000-8000-000000000000", "memory_used_mib": 70000}]
 nvml:
   description: V(ok) when NVML hints were used, else V(unavailable) with the reason.
   returned: always
@@ -541,6 +564,8 @@ def run(module, started):
     targets = [t for t in (describe(planner, pid, reasons[pid]) for pid in sorted(reasons) if stat_of[pid]) if t]
     result = {
         "changed": bool(targets), "targets": targets, "killed": [], "survivors": [], "nvml": nvml_status,
+        "memory_before": [{"index": gpu["index"], "uuid": gpu["uuid"], "memory_used_mib": gpu["memory_used_mib"]}
+                          for gpu in (snapshot or {}).get("gpus", [])],
         "protected": [{"pid": pid, "name": process_name(pid), "reason": why} for pid, why in sorted(planner.protected.items())],
     }
     before = dict(planner.held)

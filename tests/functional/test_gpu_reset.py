@@ -169,6 +169,19 @@ def test_second_run_changes_nothing(crashed_node):
     assert again["targets"] == [] and again["killed"] == []
 
 
+def test_memory_before_is_what_the_holders_had_per_gpu(crashed_node):
+    """The "before" of the role's MiB freed comes from gpu_reset's own NVML reading."""
+    expected = dict((gpu, 0) for gpu in range(crashed_node["gpu_count"]))
+    for entries in crashed_node["processes"].values():
+        for entry in entries:
+            for gpu in entry["gpus"]:
+                expected[gpu] += entry["mib"]
+    first = _reset(crashed_node)
+    assert dict((g["index"], g["memory_used_mib"]) for g in first["memory_before"]) == expected
+    assert dict((g["index"], g["memory_used_mib"]) for g in _reset(crashed_node)["memory_before"]) == dict(
+        (gpu, 0) for gpu in expected)
+
+
 def test_check_mode_lists_targets_and_kills_nothing(crashed_node):
     result = _reset(crashed_node, check=True, diff=True)
     assert result["rc"] == 0 and result["changed"] is True
