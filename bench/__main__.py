@@ -3,7 +3,8 @@
 Each bench/bench_*.py runs on its own (see its docstring), writes its full JSON under
 build/bench/, and puts the rows for this table in that JSON's "summary" list:
     {"measure", "ours_s", "baseline", "baseline_s", "ratio", "target", "met"}
-The table is printed and written to build/bench/summary.json.
+The table shows ours against the baseline as "N.Nx faster" or "N.Nx slower" (computed here from
+the two medians, whichever way a bench stored its ratio). The table is printed and written to build/bench/summary.json.
 
     .venv/bin/python -m bench [--only NAME ...]
 """
@@ -37,6 +38,13 @@ def fmt(value, spec="%.3f"):
     return "-" if value is None else spec % value
 
 
+def versus(ours, baseline) -> str:
+    """One reading for every row, whichever way a bench stored its ratio."""
+    if not ours or not baseline:
+        return "-"
+    return "%.1fx faster" % (baseline / ours) if ours <= baseline else "%.1fx slower" % (ours / baseline)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--only", nargs="*", default=None, help="bench names, e.g. gpu_reset shm_clean")
@@ -47,17 +55,17 @@ def main(argv=None) -> int:
         scripts = [s for s in scripts if s.stem[len("bench_"):] in args.only]
     results = [run(script) for script in scripts]
     rows = []
-    print("\n%-16s %-44s %10s %-30s %10s %8s  %s" % ("bench", "measure", "ours s", "baseline", "baseline s",
-                                                     "ratio", "target"))
+    print("\n%-16s %-44s %10s %-30s %10s %13s  %s" % ("bench", "measure", "ours s", "baseline", "baseline s",
+                                                      "ours vs base", "target"))
     for result in results:
         if "error" in result:
             print("%-16s %s" % (result["name"], result["error"]))
             continue
         for row in result["summary"]:
             rows.append(dict(row, bench=result["name"]))
-            print("%-16s %-44s %10s %-30s %10s %8s  %s %s" % (
+            print("%-16s %-44s %10s %-30s %10s %13s  %s %s" % (
                 result["name"], row["measure"][:44], fmt(row.get("ours_s")), (row.get("baseline") or "-")[:30],
-                fmt(row.get("baseline_s")), fmt(row.get("ratio"), "%.1fx"), row.get("target") or "",
+                fmt(row.get("baseline_s")), versus(row.get("ours_s"), row.get("baseline_s")), row.get("target") or "",
                 {True: "(met)", False: "(NOT met)"}.get(row.get("met"), "")))
     (OUT / "summary.json").write_text(json.dumps({"rows": rows, "runs": results}, indent=2) + "\n")
     print("\nwritten: %s" % (OUT / "summary.json"))
