@@ -3,7 +3,7 @@
 1. Build a simulated crashed node under build/demo/node (tests/sim: device holders, an API
    server, a SIGTERM-ignoring worker, an orphan, a bystander, nvidia-persistenced, shm
    leftovers, stale bytecode, and a fake NVML showing their memory).
-2. Run `ansible-playbook playbooks/reset.yml -l gpu_nodes` against it (inventory/simulated.yml),
+2. Run `ansible-playbook playbooks/reset.yml -i inventory/simulated.yml -l gpu_nodes` against it,
    scoped to the simulated node's device files, shm directory and site-packages.
 3. Run it again: a clean node changes nothing.
 4. Remove the simulation (only what it started), whatever happened.
@@ -25,7 +25,8 @@ BUILD = REPO / "build"
 
 
 def playbook(vars_file: Path) -> int:
-    cmd = ["ansible-playbook", "playbooks/reset.yml", "-l", "gpu_nodes", "-e", "@%s" % vars_file]
+    cmd = ["ansible-playbook", "playbooks/reset.yml", "-i", "inventory/simulated.yml", "-l", "gpu_nodes",
+           "-e", "@%s" % vars_file]
     print("\n$ " + " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=REPO, check=False).returncode
 
