@@ -435,7 +435,9 @@ class Planner(object):
         other evidence only has to not be on another GPU."""
         if pid in self.excluded:
             return self.excluded[pid]
-        stat = self.table.get(pid) or _procs.read_stat(pid)
+        # Only the planned table: a pid missing from it exited before it was read, and reading it now could
+        # describe a newcomer that reused the pid.
+        stat = self.table.get(pid)
         verdict = None
         if stat is None or stat["state"] in ("Z", "X"):
             verdict = ("scope", None)
@@ -560,8 +562,14 @@ def run(module, started):
     selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
     planner = Planner(params, patterns, paths, snapshot, selected)
     reasons = planner.plan()
-    stat_of = dict((pid, _procs.read_stat(pid)) for pid in reasons)
-    targets = [t for t in (describe(planner, pid, reasons[pid]) for pid in sorted(reasons) if stat_of[pid]) if t]
+    # Each target keeps the identity (start time) it had when planned: a pid that was reused since then
+    # belongs to another process, which is dropped here and never signalled.
+    stat_of = {}
+    for pid in reasons:
+        now = _procs.read_stat(pid)
+        if now is not None and now["starttime"] == planner.table[pid]["starttime"]:
+            stat_of[pid] = now
+    targets = [t for t in (describe(planner, pid, reasons[pid]) for pid in sorted(reasons) if pid in stat_of) if t]
     result = {
         "changed": bool(targets), "targets": targets, "killed": [], "survivors": [], "nvml": nvml_status,
         "memory_before": [{"index": gpu["index"], "uuid": gpu["uuid"], "memory_used_mib": gpu["memory_used_mib"]}

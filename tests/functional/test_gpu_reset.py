@@ -454,3 +454,67 @@ def test_missing_psutil_names_the_library_and_kills_nothing(tmp_path, dev, holde
     assert result["rc"] != 0
     assert "psutil" in result["msg"] and "Failed to import the required Python library" in result["msg"]
     assert holders.alive(pid)
+
+
+# --- pid reuse between planning and signalling ------------------------------------------
+
+def _start_at_pid(pid, tries=200):
+    """A bystander (sleep) started with exactly this pid through ns_last_pid, or None."""
+    for _attempt in range(tries):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
+                handle.write(str(pid - 1))
+        except OSError:
+            return None
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+def test_a_target_whose_pid_is_reused_after_planning_is_not_signalled(dev, holders, monkeypatch):
+    # The holder is planned as a target, then exits; its pid goes to an unrelated process
+    # before the signals. The identity (start time) must be the one planned, not the newcomer's.
+    import time as _time
+    from ansible_collections.cleanslate.gpu.plugins.modules import gpu_reset
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to steer the next pid through ns_last_pid")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; h = open(sys.argv[1], 'rb'); "
+                               "print('ready', flush=True); time.sleep(600)", str(dev / "nvidia0")],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "ready"
+    pid = holder.pid
+    newcomer = []
+    original_plan = gpu_reset.Planner.plan
+
+    def plan_then_reuse(self):
+        reasons = original_plan(self)
+        assert pid in reasons
+        holder.kill()
+        holder.wait()
+        _time.sleep(0.05)  # start times count clock ticks: the newcomer starts in a later tick
+        newcomer.append(_start_at_pid(pid))
+        return reasons
+
+    monkeypatch.setattr(gpu_reset.Planner, "plan", plan_then_reuse)
+
+    class Module(object):
+        check_mode = False
+        _diff = False
+        params = dict(device_paths=_globs(dev), gpus=[], cmdline_patterns=[], cgroup=None, users=None,
+                      protect_names=gpu_reset.DEFAULT_PROTECT_NAMES, include_children=True,
+                      grace_period=0.5, kill_timeout=5)
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent-cleanslate-test")
+    try:
+        gpu_reset.run(Module(), _time.monotonic())
+        if newcomer[0] is None:
+            pytest.skip("could not start a process with the freed pid")
+        assert newcomer[0].poll() is None, "the process that took over the planned target's pid was signalled"
+    finally:
+        if newcomer and newcomer[0] is not None:
+            newcomer[0].kill()
+            newcomer[0].wait()
