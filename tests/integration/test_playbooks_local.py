@@ -57,3 +57,28 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
     assert row["status"] == "clean"
     for role in ("bystander", "persistenced"):
         assert all(_alive(entry["pid"]) for entry in manifest["processes"][role])
+
+
+def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_path):
+    """A host that never answers is `unreachable` (also without a unit, where the first task that
+    reaches the node is gpu_reset); one whose step fails is `failed` with the error."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {
+        "simulated-node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
+        # Nothing listens on the discard port: ssh is refused at once.
+        "dead-node": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9},
+        # Answers, but every module fails: its interpreter does not exist.
+        "broken-node": {"ansible_connection": "local", "ansible_python_interpreter": "/nonexistent/python3"},
+    }}}}}))
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(crashed_node, fleet_report_path=str(tmp_path / "reports"))))
+    for name in ("reset",):
+        proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{name}.yml",
+                               "-i", str(inventory), "-l", "gpu_nodes", "-e", f"@{extra}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 4, proc.stdout[-3000:]  # 4: a host was unreachable
+        report = sorted((tmp_path / "reports").glob(f"{name}-*.json"))[-1]
+        rows = {row["host"]: row for row in json.loads(report.read_text())["hosts"]}
+        assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
+        assert rows["broken-node"]["status"] == "failed", rows["broken-node"]
+        assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
