@@ -61,7 +61,7 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
 
 def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_path):
     """A host that never answers is `unreachable` (also without a unit, where the first task that
-    reaches the node is gpu_reset); one whose step fails is `failed` with the error."""
+    reaches the node is gpu_reset); one whose step fails is `failed` with the error, in both playbooks."""
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {
         "simulated-node": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable},
@@ -72,7 +72,7 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
     }}}}}))
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps(node_reset_vars(crashed_node, fleet_report_path=str(tmp_path / "reports"))))
-    for name in ("reset",):
+    for name in ("verify", "reset"):
         proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{name}.yml",
                                "-i", str(inventory), "-l", "gpu_nodes", "-e", f"@{extra}"],
                               cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
