@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.sim.role_vars import node_reset_vars
@@ -82,3 +83,25 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
         assert rows["broken-node"]["status"] == "failed", rows["broken-node"]
         assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
+
+
+def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_gpus(crashed_node, tmp_path):
+    """`reset.yml --check` on a dirty node: nothing signalled or removed, exit 0, and NVML is read
+    once instead of polled for node_reset_nvml_verify_timeout (nothing was stopped, nothing drains)."""
+    manifest = crashed_node
+    every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"),
+                                                node_reset_nvml_verify_timeout=120)))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    start = time.monotonic()
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml", "--check",
+                           "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert elapsed < 60, f"--check took {elapsed:.0f} s: it polled NVML for the whole timeout"
+    assert all(_alive(pid) for pid in every_pid), "--check must not signal anything"
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+    assert not list((tmp_path / "reports").glob("*"))  # the report is not written in check mode
