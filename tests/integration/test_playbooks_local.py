@@ -70,6 +70,11 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         "dead-node": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9},
         # Answers, but every module fails: its interpreter does not exist.
         "broken-node": {"ansible_connection": "local", "ansible_python_interpreter": "/nonexistent/python3"},
+        # A Proxmox container that does not answer, with node_reset_install_deps: swept from its node
+        # (here this machine), which pip on the container must not prevent.
+        "dead-ct": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9,
+                    "node_reset_pve_host": "simulated-node", "node_reset_pve_vmid": 129,
+                    "node_reset_install_deps": True},
     }}}}}))
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps(node_reset_vars(crashed_node, fleet_report_path=str(tmp_path / "reports"))))
@@ -83,6 +88,7 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
         assert rows["broken-node"]["status"] == "failed", rows["broken-node"]
         assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
+    assert rows["dead-ct"]["status"] == "swept-unreachable", rows["dead-ct"]
 
 
 def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_gpus(crashed_node, tmp_path):
