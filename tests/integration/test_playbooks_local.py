@@ -111,3 +111,6 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     assert Path(manifest["site_packages"]["pyc"]).exists()
     assert not list((tmp_path / "reports").glob("*"))  # the report is not written in check mode
+    # The printed table counts what a reset would stop, not 0.
+    row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
+    assert int(row.split("|")[3]) >= len(manifest["processes"]["worker"]), row
