@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.sim.role_vars import node_reset_vars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,3 +116,48 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     # The printed table counts what a reset would stop, not 0.
     row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
     assert int(row.split("|")[3]) >= len(manifest["processes"]["worker"]), row
+
+
+def test_a_container_that_still_shows_memory_after_its_own_reset_is_swept_from_its_node(crashed_node, tmp_path):
+    """The container's own reset cannot reach its holders (here: scoped to a user that owns
+    none, as a reset inside a container can miss what it cannot see), so NVML still shows their
+    memory; the role then runs gpu_reset on the Proxmox node, scoped to the container's cgroup,
+    and checks again. Processes outside that cgroup are spared."""
+    base = Path("/sys/fs/cgroup/systemd")
+    if not (base / "cgroup.procs").exists() or os.geteuid() != 0:
+        pytest.skip("needs root and the name=systemd cgroup hierarchy")
+    top = base / ("cleanslate-sweep-%d" % os.getpid())
+    container = top / "lxc" / "129" / "ns"
+    container.mkdir(parents=True)
+    holders = [entry["pid"] for role in ("worker", "orphan_worker", "term_ignorer")
+               for entry in crashed_node["processes"][role]]
+    try:
+        for pid in holders:
+            (container / "cgroup.procs").write_text(str(pid))
+        inventory = tmp_path / "inventory.yml"
+        inventory.write_text(json.dumps({"all": {
+            "hosts": {"pve": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+            "children": {"gpu_nodes": {"hosts": {"ct129": {
+                "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}}}))
+        extra = tmp_path / "vars.json"
+        extra.write_text(json.dumps(node_reset_vars(
+            crashed_node, node_reset_gpu_reset_users=["nobody"], node_reset_nvml_verify_timeout=2,
+            node_reset_pve_host="pve", node_reset_pve_vmid=129, node_reset_pve_cgroup="/%s/lxc/129/" % top.name,
+            node_reset_pve_environment=crashed_node["nvml"]["env"], fleet_report_path=str(tmp_path / "reports"))))
+        proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml",
+                               "-i", str(inventory), "-l", "gpu_nodes", "-e", f"@{extra}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        row = json.loads(next((tmp_path / "reports").glob("reset-*.json")).read_text())["hosts"][0]
+        assert row["status"] == "ok", row
+        # The container's own reset could stop nothing (users: nobody): only the sweep killed these.
+        assert row["killed"] == len(holders), row
+        assert not any(_alive(pid) for pid in holders)
+        for role in ("bystander", "persistenced", "api_server"):
+            assert all(_alive(entry["pid"]) for entry in crashed_node["processes"][role]), role
+    finally:
+        for group in (container, container.parent, container.parent.parent, top):
+            for pid in (group / "cgroup.procs").read_text().split() if group.exists() else []:
+                (base / "cgroup.procs").write_text(pid)  # back to the root before rmdir
+            if group.exists():
+                group.rmdir()
