@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.run_module import run_module
+from tests.sim import procinfo
 
 SHM = Path("/dev/shm")
 OLD = 3600  # seconds: leftovers are made this old so that min_age never keeps them
@@ -262,9 +263,8 @@ def test_young_entries_go_once_min_age_allows(crashed):
 def test_zombie_torch_creator_counts_as_dead(shm_dir):
     child = subprocess.Popen(["true"])
     try:
-        stat_file = Path("/proc/%d/stat" % child.pid)
         for attempt in range(600):  # generous: the machine is shared
-            if stat_file.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if procinfo.state(child.pid) == "Z":
                 break
             time.sleep(0.05)
         else:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sim import procinfo
+
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "node_reset"
 SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
@@ -66,11 +68,7 @@ def node_vars(crashed_node, tmp_path):
 
 
 def _alive(entry) -> bool:
-    try:
-        stat = Path(f"/proc/{entry['pid']}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return procinfo.alive(entry["pid"])
 
 
 @pytest.mark.parametrize("bad, message", [

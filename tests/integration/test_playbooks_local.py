@@ -11,17 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+_alive = procinfo.alive
 
 
 def _playbook(name: str, manifest: dict, tmp_path: Path) -> tuple:

@@ -53,6 +53,11 @@ def state(pid: int) -> str | None:
         return None
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie holds no files and no GPU memory)."""
+    return state(pid) not in (None, "Z")
+
+
 def ppid(pid: int) -> int | None:
     try:
         return int(_stat_fields(pid)[1])
