@@ -1,0 +1,43 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2025, cleanslate.gpu contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The one shape of the input checks AnsibleModule cannot express. Private to this collection.
+
+Each module has input_problems(params) returning a list of sentences, one per bad value,
+computed before anything is read, signalled or removed; main() hands that list to
+fail_on_problems(), which fails the task with all of them and touches nothing. Types,
+choices and required/mutually exclusive options stay in the argument spec.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def number_problem(option, value, minimum=None, above=None, maximum=None, unit=""):
+    """One sentence if value is not a finite number within the bounds, else None.
+
+    minimum is inclusive, above exclusive; maximum inclusive. NaN and infinities are always
+    refused: a NaN compares false with everything, so it would slip through every range check.
+    """
+    suffix = (" " + unit) if unit else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "%s must be a number%s, got %r" % (option, suffix, value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "%s must be a finite number%s, got %s" % (option, suffix, value)
+    if minimum is not None and value < minimum:
+        return "%s must be %s or more%s, got %s" % (option, minimum, suffix, value)
+    if above is not None and value <= above:
+        return "%s must be more than %s%s, got %s" % (option, above, suffix, value)
+    if maximum is not None and value > maximum:
+        return "%s must be %s or less%s, got %s" % (option, maximum, suffix, value)
+    return None
+
+
+def fail_on_problems(module, problems, **result):
+    """Fail the task with every problem, one sentence each, if there is any."""
+    problems = [p for p in problems if p]
+    if problems:
+        module.fail_json(msg="; ".join(problems), **result)
