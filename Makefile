@@ -11,7 +11,7 @@ LINK := .ansible/collections/ansible_collections/cleanslate/gpu
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint bench clean
+.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint bench gpu-wheels clean
 
 setup: os-deps $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -60,6 +60,10 @@ lint: setup
 
 bench: setup
 	$(PY) -m bench
+
+# The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
+gpu-wheels:
+	tools/gpu_wheels.sh
 
 clean:
 	rm -rf $(BUILD) .ansible tests/output reports
