@@ -28,7 +28,7 @@ description:
     process), nobody can prove that the entries are unused, so every regular file is kept, with that reason
     in RV(kept), unless O(remove_in_use=true). As root, a process the kernel still hides (a security module,
     or a process with capabilities that this root lacks) is named in a warning.
-  - A regular file with more than one name (hard links) is kept: removing one name frees no space, and a
+  - A regular file with more than one name (hard links) is kept; removing one name frees no space, and a
     process may use it under its other name.
   - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
     relative to a descriptor of the directory, opened one path component at a time.
@@ -166,8 +166,8 @@ in_use:
   sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
 kept:
   description:
-    - Matching entries that were kept for another reason, with that reason: not a regular file or link, younger
-      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven.
+    - Matching entries that were kept for another reason, with that reason (not a regular file or link, younger
+      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven).
     - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
   returned: always
   type: list
