@@ -133,8 +133,8 @@ removed:
       sample: /dev/shm/nccl-Ab12Cd
     bytes:
       description:
-        - Space the entry occupied in the file system (allocated blocks, what C(df) counts). A symbolic link,
-          or a name of a file that has other hard links, frees nothing and reports C(0).
+        - Space the entry occupied in the file system (allocated blocks, what C(df) counts). A symbolic link
+          frees nothing and reports C(0); a file with other hard links is never removed.
       type: int
       sample: 33554432
     size:
