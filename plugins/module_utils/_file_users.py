@@ -222,4 +222,6 @@ def users(inodes, device, proc=PROC):
             continue
         for name in names:
             found.setdefault(name, []).append(pid)
+    for pids in found.values():
+        pids.sort()
     return found, sorted(unreadable)

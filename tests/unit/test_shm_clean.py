@@ -207,3 +207,52 @@ def test_on_tmpfs_the_directory_device_is_the_one_stat_and_maps_show():
         os.close(fd)
     st = os.stat("/dev/shm")
     assert device == (os.major(st.st_dev), os.minor(st.st_dev))
+
+
+def fake_process(proc, pid, fds=None, fdinfo=None, maps=b"", mountinfo=b""):
+    """A /proc/PID directory as the scan reads it: fd links, fdinfo texts, maps, mountinfo, ns/mnt."""
+    base = proc / str(pid)
+    (base / "fd").mkdir(parents=True)
+    (base / "fdinfo").mkdir()
+    (base / "ns").mkdir()
+    (base / "ns" / "mnt").symlink_to("mnt:[4026531841]")
+    for fd, target in (fds or {}).items():
+        (base / "fd" / fd).symlink_to(target)
+    for fd, text in (fdinfo or {}).items():
+        (base / "fdinfo" / fd).write_bytes(text)
+    (base / "maps").write_bytes(maps)
+    (base / "mountinfo").write_bytes(mountinfo)
+    return base
+
+
+def test_users_by_descriptor_with_and_without_ino_in_fdinfo_and_unreadable_processes(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    held = shm / "nccl-held"
+    held.write_bytes(b"x")
+    same_name = tmp_path / "elsewhere"
+    same_name.mkdir()
+    (same_name / "nccl-held").write_bytes(b"another file with the same name")
+    st = held.stat()
+    device = (os.major(st.st_dev), os.minor(st.st_dev))
+    mountinfo = b"37 1 %d:%d / / rw - ext4 /dev/x rw\n" % device
+    proc = tmp_path / "proc"
+    # Linux >= 5.14: fdinfo has ino; the mount id gives the device through mountinfo.
+    fake_process(proc, 10, fds={"3": str(held)}, fdinfo={"3": b"pos:\t0\nmnt_id:\t37\nino:\t%d\n" % st.st_ino},
+                 mountinfo=mountinfo)
+    # Older kernels: no ino, so the descriptor (only one whose name matches) is stat'ed.
+    fake_process(proc, 11, fds={"4": str(held)}, fdinfo={"4": b"pos:\t0\nmnt_id:\t37\n"},
+                 mountinfo=mountinfo)
+    # Same name, another file: not a user.
+    fake_process(proc, 12, fds={"5": str(same_name / "nccl-held")}, fdinfo={"5": b"pos:\t0\nmnt_id:\t37\n"},
+                 mountinfo=mountinfo)
+    # Its descriptors cannot be listed: whether it uses the file is unknown.
+    (proc / "13").mkdir()
+    (proc / "13" / "fd").write_bytes(b"")
+    # Gone between the listing of /proc and the read.
+    (proc / "14").mkdir()
+
+    found, unreadable = _file_users.users({"nccl-held": st.st_ino}, device, proc=str(proc))
+
+    assert found == {"nccl-held": [10, 11]}
+    assert unreadable == [13]
