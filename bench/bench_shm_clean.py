@@ -12,6 +12,10 @@ and print the medians, the ratio module / rm -f, and how many in-use segments ea
 The JSON goes to build/bench/shm_clean.json.
 
     .venv/bin/python bench/bench_shm_clean.py [--leftovers 10000] [--procs 500] [--held 100] [--repeat 3]
+                                              [--hold-by open|map]
+
+--hold-by map makes the holders Python processes that map their leftover and close the descriptor
+(as NCCL does), so only /proc/PID/maps shows the use.
 """
 from __future__ import annotations
 
@@ -64,10 +68,35 @@ def start_sleepers(count):
     return [subprocess.Popen(["sleep", "3600"], stdin=subprocess.DEVNULL) for number in range(count)]
 
 
-def start_holders(directory, held_names):
-    """One sleep process per name, holding that leftover open on its stdin: a job still using it."""
+MAP_AND_CLOSE = r"""
+import mmap, os, sys, time
+path = sys.argv[1]
+mapping = mmap.mmap(os.open(path, os.O_RDWR), 0)
+# Python's mmap keeps a duplicate of the descriptor: close every descriptor of the file, so that
+# only the mapping shows the use (as NCCL leaves it).
+for name in os.listdir("/proc/self/fd"):
+    try:
+        if os.readlink("/proc/self/fd/" + name) == path:
+            os.close(int(name))
+    except OSError:
+        pass
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def start_holders(directory, held_names, how="open"):
+    """One process per name using that leftover: a job still using it. open: a sleep process
+    holding it open on its stdin; map: a Python process that maps it and closes its descriptors."""
     procs = []
     for name in held_names:
+        if how == "map":
+            proc = subprocess.Popen([sys.executable, "-c", MAP_AND_CLOSE, str(directory / name)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            procs.append(proc)
+            if proc.stdout.readline() != b"ready\n":
+                raise SystemExit("a mapping holder failed to start")
+            continue
         with open(directory / name, "rb") as handle:
             procs.append(subprocess.Popen(["sleep", "3600"], stdin=handle))
     return procs
@@ -107,6 +136,8 @@ def main():
     parser.add_argument("--held", type=int, default=100, help="sleep processes that hold a leftover open")
     parser.add_argument("--size", type=int, default=4096, help="bytes per leftover")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--hold-by", choices=("open", "map"), default="open",
+                        help="how the holders use their leftover: an open descriptor, or only a mapping")
     parser.add_argument("--out", default=str(REPO / "build" / "bench" / "shm_clean.json"))
     args = parser.parse_args()
     if args.held > min(args.procs, args.leftovers):
@@ -124,7 +155,7 @@ def main():
             # rm -f deletes the held files too, so every round starts with fresh files and holders.
             populate(directory, leftover_names, args.size)
             stop(holders)
-            holders = start_holders(directory, held_names)
+            holders = start_holders(directory, held_names, args.hold_by)
             elapsed, result = time_module(directory)
             times["module"].append(elapsed)
             deleted_in_use["module"].append(sum(not (directory / n).exists() for n in held_names))
@@ -144,7 +175,8 @@ def main():
 
     median = {key: statistics.median(values) for key, values in times.items()}
     report = {
-        "leftovers": args.leftovers, "processes": args.procs, "held_open": args.held, "bytes_each": args.size,
+        "leftovers": args.leftovers, "processes": args.procs, "held": args.held, "held_by": args.hold_by,
+        "bytes_each": args.size,
         "repeat": args.repeat, "seconds": times, "median_s": median,
         "ratio_module_to_rm": median["module"] / median["rm -f"],
         "ratio_module_work_to_rm": (median["module"] - median["startup"]) / median["rm -f"],
@@ -160,8 +192,9 @@ def main():
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
 
-    print("shm_clean vs rm -f: %d leftovers, %d live processes (%d holding a leftover), median of %d runs"
-          % (args.leftovers, args.procs, args.held, args.repeat))
+    print("shm_clean vs rm -f: %d leftovers, %d live processes (%d holding a leftover by %s), median of %d runs"
+          % (args.leftovers, args.procs, args.held, "a mapping only" if args.hold_by == "map" else "an open descriptor",
+             args.repeat))
     print("%-34s %10s %16s" % ("", "seconds", "in-use deleted"))
     print("%-34s %10.3f %16d" % ("rm -f (checks nothing)", median["rm -f"], report["in_use_deleted"]["rm -f"]))
     print("%-34s %10.3f %16d" % ("shm_clean module", median["module"], report["in_use_deleted"]["module"]))

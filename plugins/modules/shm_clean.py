@@ -17,12 +17,21 @@ description:
   - Only the top-level entries of O(path) whose names match O(patterns) and no O(exclude) pattern are
     considered. Regular files are removed. A matching symbolic link is removed as a link; its target is
     never touched. Directories and other file types are never removed; they are reported in RV(kept).
-  - An entry is B(in use) when a live process has it open or mapped (C(/proc/PID/fd), C(/proc/PID/maps),
-    C(/proc/PID/map_files)); a segment stays mapped after its file descriptor was closed, so the maps are
-    read too. A C(torch_<pid>_*) entry is also in use while the process whose pid its name carries is alive.
-    In-use entries are kept unless O(remove_in_use=true).
+  - An entry is B(in use) when a live process has it open or mapped; a segment stays mapped after its file
+    descriptor was closed, so the mappings are read too. Use is decided by the file's device and inode as
+    the kernel gives them in C(/proc/PID/maps) and C(/proc/PID/fdinfo), never by comparing path names, so a
+    process in another mount namespace (which sees the segment under another path) and names that hold a
+    newline, a carriage return or end in C( (deleted)) are all recognised. A C(torch_<pid>_*) entry is also
+    in use while the process whose pid its name carries is alive. In-use entries are kept unless
+    O(remove_in_use=true).
+  - When not running as root and the open files or mappings of some process cannot be read (another user's
+    process), nobody can prove that the entries are unused, so every regular file is kept, with that reason
+    in RV(kept), unless O(remove_in_use=true). As root, a process the kernel still hides (a security module,
+    or a process with capabilities that this root lacks) is named in a warning.
+  - A regular file with more than one name (hard links) is kept; removing one name frees no space, and a
+    process may use it under its other name.
   - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
-    relative to a descriptor of the directory.
+    relative to a descriptor of the directory, opened one path component at a time.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
 requirements:
@@ -45,8 +54,10 @@ attributes:
 options:
   path:
     description:
-      - The directory to clean. It must be an absolute path to an existing directory and must not itself be a
-        symbolic link.
+      - The directory to clean. It must be an absolute path to an existing directory, and no component of it
+        may be a symbolic link, however it is spelled (C(/tmp/L), C(/tmp/L/), C(/tmp/L/.), C(/tmp/L/..)
+        and C(/tmp/L/sub) are all refused when C(/tmp/L) is a link). C(..) is resolved as the kernel
+        resolves it, from the directory before it.
     type: path
     default: /dev/shm
   patterns:
@@ -67,15 +78,22 @@ options:
     description:
       - Keep entries modified less than this many seconds ago, for example segments that a server
         starting right now is creating. C(0) considers every entry regardless of age.
+      - A finite number from C(0) to C(315360000) (ten years).
     type: float
     default: 0
   remove_in_use:
     description:
-      - Also remove entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive.
+      - Also remove entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive,
+        and entries whose users cannot be proven.
       - The processes keep their mappings; the space returns when they exit.
+      - Hard-linked files are kept even then.
     type: bool
     default: false
 notes:
+  - Every path returned is the name as the kernel stores it, decoded as UTF-8; a byte that is not valid UTF-8
+    is written as the four characters C(\xNN) (its hexadecimal value), so that the result stays valid JSON
+    and Ansible can report it. For example a segment named by the bytes C(psm_) and C(0xff) is returned as
+    C(/dev/shm/psm_\xff).
   - When one entry cannot be removed (for example permission denied), the other entries are still processed
     and the task fails at the end, naming each entry that could not be removed.
 seealso:
@@ -110,13 +128,13 @@ removed:
   elements: dict
   contains:
     path:
-      description: Absolute path of the entry.
+      description: Absolute path of the entry; bytes that are not UTF-8 are written as C(\xNN).
       type: str
       sample: /dev/shm/nccl-Ab12Cd
     bytes:
       description:
-        - Space the entry occupied in the file system (allocated blocks, what C(df) counts). A symbolic link,
-          or a name of a file that has other hard links, frees nothing and reports C(0).
+        - Space the entry occupied in the file system (allocated blocks, what C(df) counts). A symbolic link
+          frees nothing and reports C(0); a file with other hard links is never removed.
       type: int
       sample: 33554432
     size:
@@ -137,7 +155,7 @@ in_use:
   elements: dict
   contains:
     path:
-      description: Absolute path of the entry.
+      description: Absolute path of the entry; bytes that are not UTF-8 are written as C(\xNN).
       type: str
       sample: /dev/shm/psm_3f2a9c1e
     pids:
@@ -148,14 +166,15 @@ in_use:
   sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
 kept:
   description:
-    - Matching entries that were kept for another reason, with that reason.
+    - Matching entries that were kept for another reason, with that reason (not a regular file or link, younger
+      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven).
     - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
   returned: always
   type: list
   elements: dict
   contains:
     path:
-      description: Absolute path of the entry.
+      description: Absolute path of the entry; bytes that are not UTF-8 are written as C(\xNN).
       type: str
       sample: /dev/shm/nccl-cache
     why:
@@ -170,7 +189,7 @@ errors:
   elements: dict
   contains:
     path:
-      description: Absolute path of the entry.
+      description: Absolute path of the entry; bytes that are not UTF-8 are written as C(\xNN).
       type: str
       sample: /dev/shm/nccl-Zz99
     error:
@@ -185,6 +204,7 @@ bytes_freed:
   sample: 33554432
 """
 
+import errno
 import fnmatch
 import os
 import re
@@ -192,12 +212,20 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import holders_of
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import directory_device, users
+from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 DEFAULT_PATTERNS = ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*']
 
-# PyTorch's shared memory manager names its segments torch_<creator pid>_<random>_<counter>.
+# PyTorch names its segments torch_<creator pid>_<random>_<counter> (at::NewProcessWideShmHandle,
+# unchanged up to torch 2.13): tensors shared with the file_system strategy and CUDA IPC ref counters.
 TORCH_NAME = re.compile(r'^torch_([0-9]{1,10})_')
+
+MAX_MIN_AGE = 315360000  # ten years in seconds: anything above is a mistake, not a policy
+
+# How many unreadable pids a reason names before it says "and N more".
+SHOWN_PIDS = 10
 
 
 def pattern_problem(pattern):
@@ -218,14 +246,15 @@ def input_problems(params):
     problems = []
     if not os.path.isabs(params['path']):
         problems.append('path %r must be an absolute path' % params['path'])
+    elif '\0' in params['path']:
+        problems.append('path %r contains a NUL byte' % params['path'])
     for option in ('patterns', 'exclude'):
         for pattern in params[option] or []:
             why = pattern_problem(pattern)
             if why:
                 problems.append('%s entry %r %s' % (option, pattern, why))
-    if params['min_age'] < 0:
-        problems.append('min_age must be 0 or more seconds, got %s' % params['min_age'])
-    return problems
+    problems.append(number_problem('min_age', params['min_age'], minimum=0, maximum=MAX_MIN_AGE, unit='seconds'))
+    return [p for p in problems if p]
 
 
 def selected(name, patterns, exclude):
@@ -260,31 +289,52 @@ def pid_alive(pid):
 
 
 def open_directory(path):
-    """A descriptor of path, refusing a symlink, a missing path or a non-directory with one clear message."""
+    """A descriptor of path, opened one component at a time from '/', or (None, one clear message).
+
+    A trailing '/' or '/.' makes the kernel follow a final symbolic link, and '..' after a link
+    climbs out of the link's target, so checking only the last component with lstat is not enough:
+    every component is opened with O_NOFOLLOW relative to the one before, and '..' is resolved from
+    the directory actually reached, as the kernel does.
+    """
+    walk = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open('/', walk)
+    reached = ''
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None, 'path %s does not exist' % path
-    except OSError as exc:
-        return None, 'path %s cannot be examined: %s' % (path, exc)
-    if stat.S_ISLNK(st.st_mode):
-        return None, 'path %s is a symbolic link; give the real directory (links are never followed)' % path
-    if not stat.S_ISDIR(st.st_mode):
-        return None, 'path %s is not a directory' % path
-    try:
-        # O_NOFOLLOW closes the window between the lstat above and this open.
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, 'path %s cannot be opened as a directory: %s' % (path, exc)
-    return fd, None
+        for part in path.split('/'):
+            if part in ('', '.'):
+                continue
+            reached += '/' + part
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None, 'path %s does not exist (%s is missing)' % (path, reached)
+            except OSError as exc:
+                return None, 'path %s cannot be examined at %s: %s' % (path, reached, exc)
+            if stat.S_ISLNK(st.st_mode):
+                return None, ('path %s is a symbolic link or passes through one (%s); give the real directory '
+                              '(links are never followed)' % (path, reached))
+            if not stat.S_ISDIR(st.st_mode):
+                return None, 'path %s is not a directory (%s is not one)' % (path, reached)
+            try:
+                # O_NOFOLLOW closes the window between the stat above and this open.
+                step = os.open(part, walk, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    return None, 'path %s is a symbolic link or passes through one (%s)' % (path, reached)
+                return None, 'path %s cannot be opened at %s: %s' % (path, reached, exc)
+            os.close(fd)
+            fd = step
+        try:
+            return os.open('.', os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), None
+        except OSError as exc:
+            return None, 'path %s cannot be opened as a directory: %s' % (path, exc)
+    finally:
+        os.close(fd)
 
 
-def real_dir(fd, path):
-    """The path the kernel reports for the open directory: /proc/PID/fd and maps name files by it."""
-    try:
-        return os.readlink('/proc/self/fd/%d' % fd)
-    except OSError:
-        return os.path.realpath(path)
+def real_dir(fd):
+    """The path the kernel reports for the open directory (what the user's path resolves to)."""
+    return os.readlink('/proc/self/fd/%d' % fd)
 
 
 def kind_of(mode):
@@ -310,8 +360,10 @@ def survey(fd, base, params, now):
     """Classify every top-level entry: (names, candidates, skipped, errors).
 
     candidates are (name, full path, lstat) of entries that may be removed if no live process uses them.
+    Names stay as os.scandir gives them (undecodable bytes as surrogates) until they are returned.
     """
     names, candidates, skipped, errors = [], [], [], []
+    dir_dev = os.fstat(fd).st_dev
     with os.scandir(fd) as entries:
         names = sorted(entry.name for entry in entries)
     for name in names:
@@ -330,6 +382,13 @@ def survey(fd, base, params, now):
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             skipped.append({'path': full, 'why': kind_of(st.st_mode)})
             continue
+        if st.st_dev != dir_dev:
+            skipped.append({'path': full, 'why': 'another file system is mounted on it; mount points are never removed'})
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            skipped.append({'path': full, 'why': 'has %d names (hard links): removing this one frees no space, and a '
+                                                 'process may use it under another name' % st.st_nlink})
+            continue
         age = now - st.st_mtime
         if params['min_age'] > 0 and age < params['min_age']:
             skipped.append({'path': full, 'why': 'modified %.1f s ago, less than min_age %s s' % (max(age, 0.0), params['min_age'])})
@@ -338,20 +397,33 @@ def survey(fd, base, params, now):
     return names, candidates, skipped, errors
 
 
-def users_of(candidates):
-    """{name: sorted pids} for candidates a live process opens, maps, or (torch_<pid>_*) created."""
-    # A symlink is removed as a link, so only regular files are asked about; /proc names the target.
-    files = [full for name, full, st in candidates if stat.S_ISREG(st.st_mode)]
-    holders = holders_of(files, include_maps=True) if files else {}
-    users = {}
+def users_of(fd, candidates):
+    """({name: sorted pids}, unreadable pids) for candidates a live process opens, maps, or (torch_<pid>_*) created."""
+    # A symlink is removed as a link, so only regular files are asked about.
+    inodes = dict((name, st.st_ino) for name, full, st in candidates if stat.S_ISREG(st.st_mode))
+    found, unreadable = users(inodes, directory_device(fd)) if inodes else ({}, [])
+    result = {}
     for name, full, st in candidates:
-        pids = set(holders.get(full) or [])
+        pids = set(found.get(name) or [])
         creator = torch_creator(name)
         if creator is not None and pid_alive(creator):
             pids.add(creator)
         if pids:
-            users[name] = sorted(pids)
-    return users
+            result[name] = sorted(pids)
+    return result, unreadable
+
+
+def shown_pids(pids):
+    shown = ', '.join(str(pid) for pid in pids[:SHOWN_PIDS])
+    if len(pids) > SHOWN_PIDS:
+        shown += ' and %d more' % (len(pids) - SHOWN_PIDS)
+    return shown
+
+
+def unproven_reason(unreadable):
+    return ('its users cannot be proven: the open files or mappings of %d process%s (%s) could not be read; '
+            'run as root, or set remove_in_use' % (
+                len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable)))
 
 
 def unlink_if_unchanged(fd, name, st):
@@ -364,19 +436,32 @@ def unlink_if_unchanged(fd, name, st):
 
 
 def clean(module, fd, base):
-    """Plan, then (outside check mode) remove. Returns the result dict."""
+    """Plan, then (outside check mode) remove. Returns the result dict, every path made printable."""
     params = module.params
     names, candidates, skipped, errors = survey(fd, base, params, time.time())
     try:
-        users = users_of(candidates)
+        used, unreadable = users_of(fd, candidates)
     except OSError as exc:
         # Without the scan nothing can be proven unused, so nothing is removed.
         module.fail_json(msg='cannot tell which entries are in use, nothing removed: %s' % exc)
-    in_use = [{'path': full, 'pids': users[name]} for name, full, st in candidates if name in users]
+    in_use = [{'path': full, 'pids': used[name]} for name, full, st in candidates if name in used]
     removed = []
+    unproven = 0
+    # As root, reading is refused only by a security policy or to a process holding capabilities that
+    # this root lacks (a container's root reading its host's init): said, not blocking.
+    blocking = unreadable if os.geteuid() != 0 else []
+    if unreadable and not blocking:
+        module.warn('the open files and mappings of %d process%s could not be read even as root (pids %s); '
+                    'segments only they use look unused' % (
+                        len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable)))
     for name, full, st in candidates:
-        if name in users and not params['remove_in_use']:
-            continue
+        if not params['remove_in_use']:
+            if name in used:
+                continue
+            if blocking and stat.S_ISREG(st.st_mode):
+                skipped.append({'path': full, 'why': unproven_reason(unreadable)})
+                unproven += 1
+                continue
         if not module.check_mode:
             try:
                 why = unlink_if_unchanged(fd, name, st)
@@ -389,6 +474,10 @@ def clean(module, fd, base):
                 skipped.append({'path': full, 'why': why})
                 continue
         removed.append({'path': full, 'bytes': freed_bytes(st), 'size': st.st_size, 'mtime': st.st_mtime})
+    if unproven:
+        module.warn('%d entr%s kept because %s' % (unproven, 'y' if unproven == 1 else 'ies', unproven_reason(unreadable)[4:]))
+    for item in removed + in_use + skipped + errors:
+        item['path'] = printable(item['path'])
     result = {
         'changed': bool(removed),
         'removed': removed,
@@ -398,12 +487,14 @@ def clean(module, fd, base):
         'bytes_freed': sum(item['bytes'] for item in removed),
     }
     if module._diff:
-        gone = set(os.path.basename(item['path']) for item in removed)
+        gone = set(item['path'] for item in removed)
+        prefix = printable(base.rstrip('/') + '/')
+        shown = [printable(name) for name in names]
         result['diff'] = {
-            'before_header': base,
-            'after_header': base,
-            'before': ''.join(name + '\n' for name in names),
-            'after': ''.join(name + '\n' for name in names if name not in gone),
+            'before_header': printable(base),
+            'after_header': printable(base),
+            'before': ''.join(name + '\n' for name in shown),
+            'after': ''.join(name + '\n' for name in shown if prefix + name not in gone),
         }
     return result
 
@@ -419,17 +510,12 @@ def main():
         ),
         supports_check_mode=True,
     )
-    problems = input_problems(module.params)
-    if problems:
-        module.fail_json(msg='; '.join(problems))
-    if os.geteuid() != 0:
-        # /proc/PID/fd and map_files of other users' processes are unreadable without root.
-        module.warn('not running as root: segments that only other users\' processes hold may look unused')
+    fail_on_problems(module, input_problems(module.params))
     fd, problem = open_directory(module.params['path'])
     if problem:
         module.fail_json(msg=problem)
     try:
-        result = clean(module, fd, real_dir(fd, module.params['path']))
+        result = clean(module, fd, real_dir(fd))
     finally:
         os.close(fd)
     if result['errors']:

@@ -7,6 +7,7 @@ started; both are removed at teardown.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ import pytest
 from tests.run_module import run_module
 from tests.sim import procinfo
 
+REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
 OLD = 3600  # seconds: leftovers are made this old so that min_age never keeps them
 pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="needs a /dev/shm tmpfs")
@@ -327,28 +329,51 @@ def tree(root):
 def bad_inputs(work, tmp_path):
     link = tmp_path / "link-to-work"
     link.symlink_to(work)
+    shm_link = tmp_path / "link-to-shm"
+    shm_link.symlink_to(work.parent)
+    (tmp_path / "real").mkdir(exist_ok=True)
+    symlinked = "symbolic link"
     return [
         ({"path": str(work / "missing")}, "does not exist"),
         ({"path": str(work / "nccl-dead")}, "is not a directory"),
-        ({"path": str(link)}, "symbolic link"),
+        ({"path": str(link)}, symlinked),
+        # However the link is spelled: a trailing / or /. makes the kernel follow it, and /.. climbs
+        # out of its target (here into the directory holding nccl-parent).
+        ({"path": str(link) + "/"}, symlinked),
+        ({"path": str(link) + "/."}, symlinked),
+        ({"path": str(link) + "/.."}, symlinked),
+        ({"path": str(link) + "/sub"}, symlinked),
+        ({"path": str(shm_link) + "/work"}, symlinked),
+        ({"path": str(tmp_path / "real" / ".." / "link-to-work") + "/."}, symlinked),
         ({"path": os.path.relpath(work)}, "absolute"),
         ({"path": str(work), "patterns": ["..*"]}, "'..'"),
         ({"path": str(work), "patterns": ["../nccl-*"]}, "'/'"),
         ({"path": str(work), "patterns": ["nccl-*", "sub/nccl-*"]}, "'/'"),
         ({"path": str(work), "exclude": ["x/y"]}, "exclude entry 'x/y'"),
         ({"path": str(work), "min_age": -1}, "min_age must be 0 or more"),
+        # A NaN compares false with everything: it used to pass the check and act as 0 (remove all).
+        ({"path": str(work), "min_age": "nan"}, "min_age must be a finite number"),
+        ({"path": str(work), "min_age": float("inf")}, "min_age must be a finite number"),
+        ({"path": str(work), "min_age": "-inf"}, "min_age must be a finite number"),
+        ({"path": str(work), "min_age": 1e300}, "min_age must be 315360000 or less"),
+        ({"path": str(work), "min_age": "soon"}, "min_age"),
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
+BAD_INPUTS = 20
+
+
+@pytest.mark.parametrize("case", range(BAD_INPUTS))
 def test_bad_input_fails_with_one_message_and_removes_nothing(shm_dir, tmp_path, case):
     work = shm_dir / "work"
     work.mkdir()
     leftover(work, "nccl-dead")
     (work / "sub").mkdir()
     leftover(work / "sub", "nccl-inner")
-    leftover(shm_dir, "nccl-parent")  # what '../nccl-*' would reach
-    params, message = bad_inputs(work, tmp_path)[case]
+    leftover(shm_dir, "nccl-parent")  # what '../nccl-*' or 'link/..' would reach
+    cases = bad_inputs(work, tmp_path)
+    assert len(cases) == BAD_INPUTS
+    params, message = cases[case]
     before = tree(shm_dir)
 
     result = run_module("shm_clean", params)
@@ -357,3 +382,266 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(shm_dir, tmp_path,
     assert message in result["msg"], result["msg"]
     assert "removed" not in result
     assert tree(shm_dir) == before
+
+
+def test_the_real_directory_behind_a_link_is_cleaned_when_named_itself(shm_dir, tmp_path):
+    """The refusal is about the spelling, not the directory: named by its real path, it is cleaned,
+    and '..' after a real directory is resolved from that directory."""
+    work = shm_dir / "work"
+    work.mkdir()
+    leftover(work, "nccl-dead")
+    (tmp_path / "link-to-work").symlink_to(work)
+
+    result = run_module("shm_clean", {"path": str(work / "sub-that-is-not-there" / "..") + "/"})
+    assert result["failed"] is True and "does not exist" in result["msg"]
+    (work / "sub").mkdir()
+    result = run_module("shm_clean", {"path": str(work / "sub" / "..") + "/."})
+
+    assert result["rc"] == 0, result
+    assert [i["path"] for i in result["removed"]] == [str(work / "nccl-dead")]
+
+
+# --- "in use" is decided by device and inode, never by a path string (issue 11, item 8) ---------
+
+# Opens argv[1] (bytes, any name) and either keeps it open or maps it and closes the descriptor.
+HOLD_ANY_NAME = r"""
+import ctypes, os, sys, time
+path, how = os.fsencode(sys.argv[1]), sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+if how == "map":
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, os.fstat(fd).st_size, 3, 1, fd, 0)  # PROT_READ|PROT_WRITE, MAP_SHARED
+    if addr in (None, ctypes.c_void_p(-1).value):
+        sys.exit("mmap failed: errno %d" % ctypes.get_errno())
+    os.close(fd)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def start_in_namespace(procs, path, how, view=None):
+    """A holder of path in a private PID namespace (so it can only be itself that a broken module
+    hits); with view=(directory, other), also in a private mount namespace where directory is seen
+    only as `other`, and path is opened there. Returns the holder's pid as this machine sees it."""
+    path = os.fsencode(path)
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--propagation", "private"]
+    if view:
+        directory, other = (os.fsencode(str(p)) for p in view)
+        path = other + path[len(directory):]
+        script = b'mount --bind "$1" "$2" && exec "$3" -c "$4" "$5" "$6"'
+        argv += [b"sh", b"-c", script, b"sh", directory, other, os.fsencode(sys.executable),
+                 HOLD_ANY_NAME.encode(), path, how.encode()]
+    else:
+        argv += [sys.executable, "-c", HOLD_ANY_NAME, path, how]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs.append(proc)
+    line = proc.stdout.readline()
+    assert line == b"ready\n", proc.stderr.read() if proc.poll() is not None else line
+    children = Path("/proc/%d/task/%d/children" % (proc.pid, proc.pid)).read_text().split()
+    assert len(children) == 1, children
+    return int(children[0]), path
+
+
+def maps_of(pid):
+    return Path("/proc/%d/maps" % pid).read_bytes()
+
+
+def by_name(items):
+    return {Path(item["path"]).name: item for item in items}
+
+
+@pytest.mark.parametrize("how", ["map", "open"])
+def test_a_segment_used_from_another_mount_namespace_is_in_use(shm_dir, procs, tmp_path, how):
+    """The holder sees the directory under another path (a bind mount in its own mount namespace):
+    its maps and descriptors name that path, but device and inode are the segment's."""
+    segment = leftover(shm_dir, "nccl-elsewhere")
+    dead = leftover(shm_dir, "nccl-dead")
+    other = tmp_path / "another-view"
+    other.mkdir()
+    pid, seen_as = start_in_namespace(procs, segment, how, view=(shm_dir, other))
+    if how == "map":
+        assert seen_as in maps_of(pid) and os.fsencode(str(segment)) not in maps_of(pid)
+    else:
+        assert seen_as in {os.readlink(os.fsencode("/proc/%d/fd/%s" % (pid, fd))) for fd in os.listdir("/proc/%d/fd" % pid)}
+    space = dead.lstat().st_blocks * 512
+
+    result = run_module("shm_clean", {"path": str(shm_dir)})
+
+    assert result["rc"] == 0, result
+    assert by_name(result["in_use"]) == {segment.name: {"path": str(segment), "pids": [pid]}}
+    assert paths(result["removed"]) == {"nccl-dead"}
+    assert result["bytes_freed"] == space
+    assert segment.exists() and not dead.exists()
+
+
+ODD_NAMES = {
+    "newline": b"nccl-new\nline",
+    "carriage-return": b"nccl-carriage\rreturn",
+    "deleted-suffix": b"nccl-seg (deleted)",
+}
+
+
+@pytest.mark.parametrize("how", ["map", "open"])
+@pytest.mark.parametrize("odd", sorted(ODD_NAMES))
+def test_a_used_segment_with_an_odd_name_is_in_use(shm_dir, procs, odd, how):
+    """/proc prints such names escaped (maps: newline as \\012), raw (carriage return) or like an
+    unlinked file (" (deleted)" appended): the name cannot be compared, the inode can."""
+    name = ODD_NAMES[odd]
+    segment = os.path.join(os.fsencode(str(shm_dir)), name)
+    with open(segment, "wb") as handle:
+        handle.write(os.urandom(8192))
+    os.utime(segment, (time.time() - OLD, time.time() - OLD))
+    dead = leftover(shm_dir, "nccl-dead")
+    space = dead.lstat().st_blocks * 512
+    pid, _path = start_in_namespace(procs, segment, how)
+
+    result = run_module("shm_clean", {"path": str(shm_dir)})
+
+    assert result["rc"] == 0, result
+    assert [(i["path"], i["pids"]) for i in result["in_use"]] == [(os.fsdecode(segment), [pid])]
+    assert paths(result["removed"]) == {"nccl-dead"}
+    assert result["bytes_freed"] == space
+    assert os.path.exists(segment)
+    assert procinfo.alive(pid)
+
+
+def test_a_held_unlinked_file_does_not_protect_a_new_file_of_its_name(shm_dir, procs):
+    """The holder's descriptor reads '.../nccl-reused (deleted)'; the new file is another inode."""
+    first = leftover(shm_dir, "nccl-reused")
+    pid, _path = start_in_namespace(procs, first, "open")
+    first.unlink()
+    again = leftover(shm_dir, "nccl-reused")
+
+    result = run_module("shm_clean", {"path": str(shm_dir)})
+
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == {"nccl-reused"} and result["in_use"] == []
+    assert not again.exists()
+    assert procinfo.alive(pid)
+
+
+def test_hard_linked_files_are_kept_and_say_why(shm_dir):
+    segment = leftover(shm_dir, "nccl-two-names")
+    os.link(segment, shm_dir / "other-name")
+    single = leftover(shm_dir, "nccl-one-name")
+
+    result = run_module("shm_clean", {"path": str(shm_dir)})
+
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == {single.name}
+    kept = by_name(result["kept"])
+    assert set(kept) == {"nccl-two-names"} and "hard links" in kept["nccl-two-names"]["why"]
+    assert segment.exists() and (shm_dir / "other-name").exists()
+
+
+def wrapper(tmp_path, name, body):
+    """An executable run_module can use as `python`: body gets the module path as $1, the
+    arguments file as $2, and $PY (this interpreter)."""
+    script = tmp_path / name
+    script.write_text("#!/bin/sh\nPY=%s\n%s\n" % (sys.executable, body))
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, procs, tmp_path):
+    """Run as nobody, the module cannot read root's processes: a segment that only a root process
+    maps looks unused to it. It must keep every regular file and say why, not remove them."""
+    held = leftover(shm_dir, "nccl-held-by-root")
+    idle = leftover(shm_dir, "nccl-idle")
+    (shm_dir / "nccl-link").symlink_to(idle)
+    start_in_namespace(procs, held, "map")
+    shm_dir.chmod(0o777)  # nobody may list and unlink here
+    # The system's interpreter (root's may live under /root, closed to nobody) with our ansible.
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("site-packages")), "HOME": "/tmp"}
+    probe = subprocess.run(as_nobody + ["-c", "import ansible.module_utils.basic"], env=dict(os.environ, **env),
+                           capture_output=True, check=False)
+    if probe.returncode:
+        pytest.skip("user nobody cannot import ansible from this environment: %s" % probe.stderr[-200:])
+    nobody = wrapper(tmp_path, "as-nobody", 'exec %s "$1" < "$2"' % " ".join(as_nobody))
+
+    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env)
+
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == {"nccl-link"}  # a link is removed as a link: nobody uses a name
+    kept = by_name(result["kept"])
+    assert set(kept) == {held.name, idle.name}
+    assert all("cannot be proven" in item["why"] and "run as root" in item["why"] for item in kept.values())
+    assert any("cannot be proven" in str(w) for w in result.get("warnings", []))
+    assert held.exists() and idle.exists()
+
+
+def test_a_mount_point_is_never_removed(shm_dir, tmp_path):
+    """A file bind-mounted over a matching name (in the module's own mount namespace) is kept."""
+    mounted = leftover(shm_dir, "nccl-mounted")
+    source = tmp_path / "mounted-source"
+    source.write_bytes(b"another file system")
+    plain = leftover(shm_dir, "nccl-plain")
+    in_namespace = wrapper(tmp_path, "private-mount", 'exec unshare --mount --propagation private sh -c '
+                                                      '\'mount --bind "$0" "$1" && exec "$2" "$3" "$4"\' '
+                                                      '%s %s "$PY" "$1" "$2"' % (source, mounted))
+
+    result = run_module("shm_clean", {"path": str(shm_dir)}, python=in_namespace)
+
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == {plain.name}
+    assert "mounted" in by_name(result["kept"])["nccl-mounted"]["why"]
+    assert mounted.exists() and source.read_bytes() == b"another file system"
+
+
+# --- names that are not UTF-8 (issue 11, item 10) ----------------------------------------------
+
+def strict_json(result):
+    """The result as Ansible must carry it: JSON whose every string is valid UTF-8."""
+    text = json.dumps(result)
+    text.encode("utf-8")  # raises on a lone surrogate, which is how an undecodable byte arrives
+    return text
+
+
+def test_names_that_are_not_utf8_are_cleaned_and_returned_escaped(shm_dir, procs):
+    directory = os.fsencode(str(shm_dir))
+    dead = os.path.join(directory, b"psm_\xff")
+    held = os.path.join(directory, b"nccl-\xfe\xfd")
+    other = os.path.join(directory, b"other-\xff")
+    for path in (dead, held, other):
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(8192))
+        os.utime(path, (time.time() - OLD, time.time() - OLD))
+    pid, _path = start_in_namespace(procs, held, "map")
+
+    result = run_module("shm_clean", {"path": str(shm_dir)}, diff=True)
+
+    assert result["rc"] == 0, result
+    strict_json(result)
+    assert [i["path"] for i in result["removed"]] == [str(shm_dir) + "/psm_\\xff"]
+    assert result["in_use"] == [{"path": str(shm_dir) + "/nccl-\\xfe\\xfd", "pids": [pid]}]
+    assert result["diff"]["before"] == "nccl-\\xfe\\xfd\nother-\\xff\npsm_\\xff\n"
+    assert result["diff"]["after"] == "nccl-\\xfe\\xfd\nother-\\xff\n"
+    assert not os.path.exists(dead) and os.path.exists(held) and os.path.exists(other)
+
+
+def test_a_playbook_reports_what_it_did_with_names_that_are_not_utf8(shm_dir, tmp_path):
+    """Ansible itself refused such a result ("Refusing to deserialize an invalid UTF8 string
+    value") and lost it: run the module through a real ansible-playbook."""
+    dead = os.path.join(os.fsencode(str(shm_dir)), b"psm_\xff")
+    with open(dead, "wb") as handle:
+        handle.write(os.urandom(8192))
+    playbook = tmp_path / "clean.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [
+            {"name": "clean", "cleanslate.gpu.shm_clean": {"path": str(shm_dir)}, "register": "cleaned"},
+            {"name": "show", "ansible.builtin.debug": {"msg": "REMOVED={{ cleaned.removed | map(attribute='path') | list | to_json }}"}},
+        ]}]))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    run_module("shm_clean", {"path": "/nonexistent"})  # makes sure the collection link exists
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           str(playbook)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'REMOVED=[\\"%s/psm_\\\\\\\\xff\\"]' % shm_dir in proc.stdout, proc.stdout[-3000:]
+    assert not os.path.exists(dead)

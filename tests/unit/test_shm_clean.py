@@ -128,3 +128,131 @@ def test_freed_bytes_counts_allocated_space_of_the_last_name_only(tmp_path):
     assert shm_clean.freed_bytes(os.lstat(data)) == 0
     (tmp_path / "link").symlink_to(data)
     assert shm_clean.freed_bytes(os.lstat(tmp_path / "link")) == 0
+
+
+@pytest.mark.parametrize("value, why", [
+    (float("nan"), "finite"), (float("inf"), "finite"), (float("-inf"), "finite"), (-0.5, "0 or more"),
+    (1e300, "315360000 or less"),
+])
+def test_min_age_must_be_a_sane_number(value, why):
+    problems = shm_clean.input_problems(params(min_age=value))
+    assert len(problems) == 1 and problems[0].startswith("min_age must") and why in problems[0]
+
+
+@pytest.mark.parametrize("value", [0.0, 0.25, 600.0, 315360000.0])
+def test_sane_min_ages_are_accepted(value):
+    assert shm_clean.input_problems(params(min_age=value)) == []
+
+
+# --- module_utils/_file_users: the parsers, on the text formats of /proc -----------------------
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _file_users  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_mountinfo_gives_device_and_type_per_mount_id():
+    text = (b"25 24 0:23 / /dev/shm rw,relatime shared:4 - tmpfs tmpfs rw,size=24684084k\n"
+            b"31 25 0:300 / /dev/shm/with\\040space rw master:1 - overlay overlay rw\n"
+            b"garbage\n")
+    devices, types = _file_users.mount_devices(text)
+    assert devices == {25: (0, 23), 31: (0, 300)}
+    assert types == {25: b"tmpfs", 31: b"overlay"}
+
+
+def test_fdinfo_gives_mount_and_inode_and_says_when_the_inode_is_missing():
+    assert _file_users.fdinfo_fields(b"pos:\t0\nflags:\t0100002\nmnt_id:\t37\nino:\t1234\n") == (37, 1234)
+    # Before Linux 5.14 there is no ino: line.
+    assert _file_users.fdinfo_fields(b"pos:\t0\nflags:\t0100002\nmnt_id:\t37\n") == (37, None)
+
+
+def test_a_descriptor_is_examined_only_when_its_link_ends_in_a_wanted_name():
+    wanted = _file_users.Wanted({"nccl-a": 11, "x (deleted)": 12, "new\nline": 13}, (0, 27))
+    assert wanted.name_matches("/elsewhere/view/nccl-a") == "nccl-a"
+    assert wanted.name_matches("/dev/shm/nccl-a (deleted)") == "nccl-a"
+    assert wanted.name_matches("/dev/shm/x (deleted)") == "x (deleted)"
+    assert wanted.name_matches("/dev/shm/x (deleted) (deleted)") == "x (deleted)"
+    assert wanted.name_matches("/dev/shm/new\nline") == "new\nline"
+    assert wanted.name_matches("/dev/shm/nccl-ab") is None
+    assert wanted.name_matches("socket:[1234]") is None
+
+
+def test_a_file_is_the_same_only_with_device_and_inode_when_the_device_is_known():
+    strict = _file_users.Wanted({"nccl-a": 11}, (0, 27))
+    assert strict.name_of((0, 27), 11) == "nccl-a"
+    assert strict.name_of((0, 28), 11) is None
+    assert strict.name_of(None, 11) == "nccl-a"  # a mount that vanished: the inode alone keeps it
+    loose = _file_users.Wanted({"nccl-a": 11}, None)
+    assert loose.name_of((8, 1), 11) == "nccl-a"
+
+
+def test_maps_lines_match_by_device_and_inode_whatever_the_path_says(tmp_path):
+    wanted = _file_users.Wanted({"nccl-a": 11, "nccl-b": 12}, (0, 0x1b))
+    proc = tmp_path / "proc"
+    (proc / "7").mkdir(parents=True)
+    (proc / "7" / "maps").write_bytes(
+        b"7f0000000000-7f0000001000 rw-s 00000000 00:1b 11                         /other/view/renamed\r x\n"
+        b"7f0000001000-7f0000002000 rw-s 00000000 00:1c 12                         /dev/shm/nccl-b\n"
+        b"7f0000002000-7f0000003000 r--p 00000000 08:01 12                         /usr/lib/libc.so\n"
+        b"7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n")
+    assert _file_users._mapped(7, wanted, str(proc)) == {"nccl-a"}
+    (proc / "7" / "maps").write_bytes(b"7f0000002000-7f0000003000 r--p 00000000 08:01 11   /usr/lib/x\n")
+    assert _file_users._mapped(7, wanted, str(proc)) == set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a /dev/shm tmpfs")
+def test_on_tmpfs_the_directory_device_is_the_one_stat_and_maps_show():
+    fd = os.open("/dev/shm", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        device = _file_users.directory_device(fd)
+    finally:
+        os.close(fd)
+    st = os.stat("/dev/shm")
+    assert device == (os.major(st.st_dev), os.minor(st.st_dev))
+
+
+def fake_process(proc, pid, fds=None, fdinfo=None, maps=b"", mountinfo=b""):
+    """A /proc/PID directory as the scan reads it: fd links, fdinfo texts, maps, mountinfo, ns/mnt."""
+    base = proc / str(pid)
+    (base / "fd").mkdir(parents=True)
+    (base / "fdinfo").mkdir()
+    (base / "ns").mkdir()
+    (base / "ns" / "mnt").symlink_to("mnt:[4026531841]")
+    for fd, target in (fds or {}).items():
+        (base / "fd" / fd).symlink_to(target)
+    for fd, text in (fdinfo or {}).items():
+        (base / "fdinfo" / fd).write_bytes(text)
+    (base / "maps").write_bytes(maps)
+    (base / "mountinfo").write_bytes(mountinfo)
+    return base
+
+
+def test_users_by_descriptor_with_and_without_ino_in_fdinfo_and_unreadable_processes(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    held = shm / "nccl-held"
+    held.write_bytes(b"x")
+    same_name = tmp_path / "elsewhere"
+    same_name.mkdir()
+    (same_name / "nccl-held").write_bytes(b"another file with the same name")
+    st = held.stat()
+    device = (os.major(st.st_dev), os.minor(st.st_dev))
+    mountinfo = b"37 1 %d:%d / / rw - ext4 /dev/x rw\n" % device
+    proc = tmp_path / "proc"
+    # Linux >= 5.14: fdinfo has ino; the mount id gives the device through mountinfo.
+    fake_process(proc, 10, fds={"3": str(held)}, fdinfo={"3": b"pos:\t0\nmnt_id:\t37\nino:\t%d\n" % st.st_ino},
+                 mountinfo=mountinfo)
+    # Older kernels: no ino, so the descriptor (only one whose name matches) is stat'ed.
+    fake_process(proc, 11, fds={"4": str(held)}, fdinfo={"4": b"pos:\t0\nmnt_id:\t37\n"},
+                 mountinfo=mountinfo)
+    # Same name, another file: not a user.
+    fake_process(proc, 12, fds={"5": str(same_name / "nccl-held")}, fdinfo={"5": b"pos:\t0\nmnt_id:\t37\n"},
+                 mountinfo=mountinfo)
+    # Its descriptors cannot be listed: whether it uses the file is unknown.
+    (proc / "13").mkdir()
+    (proc / "13" / "fd").write_bytes(b"")
+    # Gone between the listing of /proc and the read.
+    (proc / "14").mkdir()
+
+    found, unreadable = _file_users.users({"nccl-held": st.st_ino}, device, proc=str(proc))
+
+    assert found == {"nccl-held": [10, 11]}
+    assert unreadable == [13]
