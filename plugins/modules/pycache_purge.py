@@ -255,19 +255,33 @@ elapsed_s:
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 # Problems become warnings too, but a broken tree should not flood the play output.
 MAX_WARNINGS = 20
 
+# probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, or under a minute
+# compiled in full); above it, a number is a mistake rather than a wish to wait.
+MAX_PROBE_TIMEOUT = 86400
+
+# After the probe's process group is killed, how long its pipes may take to close. Only a
+# process that left the group (setsid) can hold them longer, and then the result is lost anyway.
+DRAIN_AFTER_KILL_S = 5
+
+# How many of the probe's last stderr lines a failure quotes.
+STDERR_LINES = 3
+
 
 def input_problems(params):
-    """Every problem with the arguments as messages; empty when they are usable."""
+    """Every problem with the arguments as one sentence each; empty when they are usable."""
     problems = []
     if not params['paths'] and not params['modules']:
         problems.append('nothing to purge: give paths, modules or both')
@@ -289,49 +303,143 @@ def input_problems(params):
         problems.append('python %s does not exist' % python)
     elif not os.path.isfile(python) or not os.access(python, os.X_OK):
         problems.append('python %s is not an executable file' % python)
-    return problems
+    problems.append(number_problem('probe_timeout', params['probe_timeout'], above=0, maximum=MAX_PROBE_TIMEOUT,
+                                   unit='seconds'))
+    return [problem for problem in problems if problem]
+
+
+def shown(text):
+    """Wire text from the probe (names as UTF-8 with surrogateescape) as Ansible can carry it."""
+    return printable(text.encode('utf-8', 'surrogateescape')) if text is not None else None
+
+
+# What python runs from its stdin. Valid Python 2 too, so that the first line is printed by any
+# Python and an old one gets a sentence; the probe's source is compiled only after both.
+BOOTSTRAP = """import sys
+sys.stdout.write(%(started)r + "\\n")
+sys.stdout.flush()
+if sys.version_info < (3, 8):
+    import json
+    sys.stdout.write(json.dumps({"probe": %(probe)r, "version": sys.version.split()[0], "error":
+        "%%s is Python %%s: the probe needs Python 3.8 or later" %% (sys.executable, sys.version.split()[0])}) + "\\n")
+    sys.exit(0)
+probe = {"__name__": "cleanslate_gpu_pyc_probe"}
+exec(compile(%(source)r, %(filename)r, "exec", dont_inherit=True), probe)
+probe["run_main"](%(request)r)
+"""
 
 
 def probe_script(request):
-    """The probe's source with the call that serves this request appended."""
+    """The bootstrap carrying the probe's source and this request."""
     loader = _pyc_probe.__spec__.loader
     source = loader.get_source(_pyc_probe.__name__)
     if not source:
         # Only a loader without sources (a bytecode-only install) gets here.
         with open(_pyc_probe.__file__, 'r') as handle:
             source = handle.read()
-    return '%s\n\nif __name__ == "__main__":\n    run_main(%r)\n' % (source, json.dumps(request))
+    return BOOTSTRAP % {'started': _pyc_probe.STARTED, 'probe': _pyc_probe.PROBE_ID, 'source': source,
+                        'filename': '<%s>' % _pyc_probe.PROBE_ID, 'request': json.dumps(request)}
 
 
-def run_probe(module, python, request):
-    """Run the probe under python; returns its result or fails the task with why."""
+def stop_group(proc):
+    """SIGKILL the probe's whole process group (its own session: its comparison workers and
+    anything else it started), then collect what it wrote. proc is not reaped yet, so its
+    pid, which is the group's id, cannot have been reused."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass  # the group is gone already
+    try:
+        return proc.communicate(timeout=DRAIN_AFTER_KILL_S)
+    except subprocess.TimeoutExpired:
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+        proc.wait()
+        return b'', b''
+
+
+def describe_exit(rc):
+    if rc < 0:
+        try:
+            return 'was killed by signal %s (%d)' % (signal.Signals(-rc).name, -rc)
+        except ValueError:
+            return 'was killed by signal %d' % -rc
+    return 'exited with rc %d' % rc
+
+
+def run_probe(module, python, request, timeout):
+    """Run the probe under python; returns its result or fails the task saying what happened."""
     # Not run_command: a program that is not Python may exit before reading its stdin, and the
     # broken pipe must give the message below, which communicate() allows by ignoring EPIPE.
+    # Its own session, so that a timeout can stop the probe and every process it started.
     try:
-        proc = subprocess.run([python, '-B', '-'], input=probe_script(request), cwd='/', capture_output=True,
-                              text=True, errors='replace', check=False)
+        proc = subprocess.Popen([python, '-B', '-'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd='/', start_new_session=True)
     except OSError as exc:
         module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
-    rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    timed_out = False
+    try:
+        out, err = proc.communicate(probe_script(request).encode('utf-8'), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        out, err = stop_group(proc)
+    rc = proc.returncode
+    lines = out.decode('utf-8', 'replace').strip().splitlines()
+    started = bool(lines) and lines[0] == _pyc_probe.STARTED
     result = None
-    lines = out.strip().splitlines()
-    if lines:
+    if started and len(lines) > 1:
         try:
             result = json.loads(lines[-1])
         except ValueError:
             result = None
+    said = [printable(line) for line in err.strip().splitlines()[-STDERR_LINES:]]
+    detail = (' and said: ' + ' | '.join(said)) if said else ' and printed nothing on stderr'
+    if timed_out:
+        module.fail_json(msg='the probe under python %s did not finish within %s seconds (probe_timeout); it was '
+                         'stopped with its processes, nothing was removed%s' % (
+                             python, module.params['probe_timeout'], detail if said else ''))
     if not isinstance(result, dict) or result.get('probe') != _pyc_probe.PROBE_ID:
-        detail = (err or out).strip().splitlines()[-3:]
+        if started:
+            module.fail_json(msg='the probe under python %s %s before it gave a result, nothing was removed%s' % (
+                python, describe_exit(rc), detail))
+        if rc < 0:
+            module.fail_json(msg='python %s %s before it ran the probe%s' % (python, describe_exit(rc), detail))
+        said = [printable(line) for line in (err or out).strip().splitlines()[-STDERR_LINES:]]
         module.fail_json(msg='python %s is not a Python 3.8+ interpreter: it exited with rc %d%s' % (
-            python, rc, (' and said: ' + ' | '.join(detail)) if detail else ' and printed nothing'))
+            python, rc, (' and said: ' + ' | '.join(said)) if said else ' and printed nothing'))
     if rc != 0 or result.get('error'):
-        module.fail_json(msg=result.get('error') or 'the probe failed under %s (rc %d): %s' % (python, rc, err.strip()),
-                         python=python_info(result))
+        module.fail_json(msg=shown(result.get('error')) or 'the probe under python %s %s%s' % (
+            python, describe_exit(rc), detail), python=python_info(result))
     return result
 
 
 def python_info(result):
-    return dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    info = dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    for key in ('executable', 'pycache_prefix'):
+        info[key] = shown(info[key])
+    return info
+
+
+def local_names(result):
+    """The probe's result with every name turned from wire text into this interpreter's str."""
+    def local(text):
+        return None if text is None else _pyc_probe.from_wire(text)
+    for target in result['targets']:
+        target['root'] = local(target['root'])
+    for key in ('stale', 'skipped'):
+        for item in result[key]:
+            item['pyc'], item['source'] = local(item['pyc']), local(item['source'])
+    for item in result['problems']:
+        item['path'] = local(item['path'])
+    if result.get('pycache_prefix'):
+        result['pycache_prefix'] = local(result['pycache_prefix'])
+    return result
+
+
+def printable_items(items, keys):
+    """Copies of items with the names under keys escaped for Ansible (see _text.printable)."""
+    return [dict(item, **dict((key, printable(item[key]) if item[key] is not None else None) for key in keys))
+            for item in items]
 
 
 def under(path, root):
@@ -384,7 +492,7 @@ def remove(module, stale):
             except FileNotFoundError:
                 pass  # gone already (an importer replaced or removed it): the goal is met
             except OSError as exc:
-                errors.append({'path': item['pyc'], 'error': str(exc)})
+                errors.append({'path': item['pyc'], 'error': '[Errno %s] %s' % (exc.errno, exc.strerror)})
                 continue
         removed.append(item)
     return removed, errors
@@ -398,42 +506,45 @@ def main():
             python=dict(type='path'),
             mode=dict(type='str', default='stale', choices=['stale', 'all']),
             compare_code=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+            probe_timeout=dict(type='float', default=600),
         ),
         supports_check_mode=True,
     )
     started = time.monotonic()
     params = dict(module.params)
     params['python'] = params['python'] or sys.executable
-    problems = input_problems(params)
-    if problems:
-        module.fail_json(msg='; '.join(problems))
+    fail_on_problems(module, input_problems(params))
     python = params['python']
     request = {
-        'paths': [os.path.normpath(path) for path in params['paths'] or []],
+        # '..' as the kernel resolves it; the probe resolves its own names (modules) the same way.
+        'paths': [_pyc_probe.to_wire(_pyc_probe.resolve_path(path)) for path in params['paths'] or []],
         'modules': params['modules'] or [],
         'mode': params['mode'],
         'compare_code': params['compare_code'],
     }
-    result = run_probe(module, python, request)
+    result = local_names(run_probe(module, python, request, params['probe_timeout']))
     targets = result['targets']
     unsafe = [item['pyc'] for item in result['stale'] if not removable(item['pyc'], targets, result.get('pycache_prefix'))]
     if unsafe:
         # The probe and the module disagree about what is a target: remove nothing.
         module.fail_json(msg='refusing to remove files outside __pycache__ under the targets, nothing removed: %s'
-                         % ', '.join(unsafe[:10]), python=python_info(result))
+                         % ', '.join(printable(path) for path in unsafe[:10]), python=python_info(result))
     removed, errors = remove(module, result['stale'])
-    for problem in result['problems'][:MAX_WARNINGS]:
-        module.warn('%s: %s' % (problem['path'], problem['problem']))
-    if len(result['problems']) > MAX_WARNINGS:
-        module.warn('%d more problems, see the problems result' % (len(result['problems']) - MAX_WARNINGS))
+    removed = printable_items(removed, ('pyc', 'source'))
+    errors = printable_items(errors, ('path',))
+    problems = printable_items(result['problems'], ('path',))
+    for problem in problems[:MAX_WARNINGS]:
+        module.warn('%s: %s' % (problem['path'], shown(problem['problem'])))
+    if len(problems) > MAX_WARNINGS:
+        module.warn('%d more problems, see the problems result' % (len(problems) - MAX_WARNINGS))
     output = {
         'changed': bool(removed),
-        'removed': removed,
+        'removed': [dict(item, reason=shown(item['reason'])) for item in removed],
         'checked': result['checked'],
-        'kept': result['skipped'],
-        'problems': result['problems'],
+        'kept': [dict(item, reason=shown(item['reason'])) for item in printable_items(result['skipped'], ('pyc', 'source'))],
+        'problems': [dict(item, problem=shown(item['problem'])) for item in problems],
         'errors': errors,
-        'targets': targets,
+        'targets': printable_items(targets, ('root',)),
         'python': python_info(result),
         'compared': result['compared'],
     }
@@ -441,7 +552,7 @@ def main():
         output['diff'] = {
             'before_header': 'bytecode of the targets that goes',
             'after_header': 'bytecode of the targets that goes',
-            'before': ''.join('%s (%s)\n' % (item['pyc'], item['reason']) for item in removed),
+            'before': ''.join('%s (%s)\n' % (item['pyc'], item['reason']) for item in output['removed']),
             'after': '',
         }
     output['elapsed_s'] = round(time.monotonic() - started, 3)
