@@ -337,6 +337,38 @@ def collect_share(pid, read_fd, share):
     raise ProbeError("a code comparison worker (pid {0}) {1} while comparing {2} files, among them {3}".format(pid, how, len(share), share[0][0]))
 
 
+def run_bounded(argv, data, timeout, drain):
+    """Run argv with data on its stdin for at most timeout seconds: (rc, stdout, stderr, timed_out).
+
+    Used by the module, never by the probe. Not module.run_command, which has no timeout and
+    shares the module's process group: argv gets a session of its own, so that at the timeout
+    the whole group (the probe, its comparison workers, whatever else it started) is killed,
+    while argv is not reaped yet and its pid, the group's id, cannot have been reused. And a
+    program that is not Python may exit before it reads its stdin: communicate() ignores the
+    broken pipe, so the caller can still say what the program printed."""
+    import subprocess  # here: the probe itself never needs it
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(data, timeout=timeout)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass  # the group is gone already
+    try:
+        out, err = proc.communicate(timeout=drain)
+    except subprocess.TimeoutExpired:
+        # Only a process that left the group (setsid) can hold the pipes this long.
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+        proc.wait()
+        out, err = b"", b""
+    return proc.returncode, out, err, True
+
+
 def finder_name(finder):
     name = getattr(finder, "__qualname__", None) or type(finder).__qualname__
     module = getattr(finder, "__module__", None) or type(finder).__module__

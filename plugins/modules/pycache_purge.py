@@ -15,8 +15,8 @@ description:
   - After a file inside an installed package is patched, Python may keep loading the old bytecode from
     C(__pycache__) and silently ignore the patch. This module removes that bytecode for the interpreter
     that runs the service, so the next start compiles the patched source.
-  - The targets are O(paths) (source files or directory trees) and O(modules) (dotted names found on the
-    C(sys.path) of O(python) B(without importing) them or their parent packages).
+  - The targets are O(paths) (source files or directory trees) and O(modules) (dotted names found by the import
+    finders of O(python), as its C(import) would find them, B(without importing) them or their parent packages).
   - For every source, the bytecode is C(__pycache__/<name>.<cache tag>[.opt-1|.opt-2].pyc) for every cache tag
     present and, when the environment of O(python) sets E(PYTHONPYCACHEPREFIX), the same files under that prefix.
   - With O(mode=stale), a C(.pyc) compiled for O(python) is removed when its source no longer exists; when it is
@@ -36,6 +36,13 @@ description:
     files inside it are never touched.
   - Symbolic links to directories are followed only when they stay inside the targets. Symbolic link loops,
     links out of the targets and unreadable directories are reported in RV(problems) and as warnings, not errors.
+  - A FIFO, socket or device is never opened, even when it is named like a source or a C(.pyc) (opening a FIFO
+    waits for a writer forever). Such a C(.pyc) name is not bytecode and is left alone; the bytecode of a source
+    name that is not a regular file is stale (Python neither loads nor compiles it) and goes in O(mode=stale)
+    with the reason C(source is not a regular file) and the file's type.
+  - File names are returned as text. A byte that is not valid UTF-8 is written as the four characters C(\xNN)
+    (backslash, C(x), two hexadecimal digits), as Python's C(backslashreplace) does, so a name of any bytes is
+    reported; valid UTF-8 is returned as it is. This holds for every path in the results and in messages.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
 requirements:
@@ -57,15 +64,22 @@ options:
   paths:
     description:
       - Source files and directory trees whose bytecode is checked. Each must be an absolute path that exists.
+      - A C(..) is resolved as the kernel resolves it, from where the path before it leads (C(/x/link/../pkg)
+        is the C(pkg) beside the target of C(link), not C(/x/pkg)); RV(targets) shows each root so resolved.
       - A directory is searched recursively for C(__pycache__) directories.
       - At least one of O(paths) and O(modules) must be given.
     type: list
     elements: path
   modules:
     description:
-      - Dotted module or package names, for example C(vllm.v1.spec_decode.eagle) or C(vllm), found on the
-        C(sys.path) of O(python) without importing anything. A package means its whole directory tree.
-      - An unknown name is an error that lists the directories searched; nothing is removed then.
+      - Dotted module or package names, for example C(vllm.v1.spec_decode.eagle) or C(vllm), found without
+        importing anything. A package means its whole directory tree.
+      - Each name is looked up with the finders of C(sys.meta_path) of O(python), in order, as C(import) does, so
+        packages that only a finder knows are found too, such as a C(pip install -e) editable install (setuptools
+        installs an C(__editable__) finder from a C(.pth) file). A parent package is given to its submodules'
+        lookup by its search locations, never by running its C(__init__.py).
+      - An unknown name is an error that lists the directories searched and the other finders asked; a finder that
+        raises is an error that names it and its exception. Nothing is removed then.
     type: list
     elements: str
   python:
@@ -93,10 +107,24 @@ options:
     type: str
     choices: [auto, always, never]
     default: auto
+  probe_timeout:
+    description:
+      - Seconds the check under O(python) may take. When they are over, the check and every process it started
+        are stopped with C(SIGKILL), nothing is removed, and the task fails saying so.
+      - A finite number above 0, at most 86400 (a day). A 20,000-file tree takes about half a second, or about a
+        minute on one CPU with O(compare_code=always).
+    type: float
+    default: 600
+    version_added: 0.2.0
 notes:
   - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
   - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task
     fails at the end, naming each one in RV(errors).
+  - When the check under O(python) fails, the task fails with what happened and removes nothing - a program that is
+    not Python, a Python older than 3.8, a check killed by a signal (with the signal's name) or one that exited
+    early (with its exit status), each with the last lines it wrote on its standard error, or O(probe_timeout).
+  - Source comparisons run in forked worker processes that report back through pipes; they need nothing in
+    C(/dev/shm), so a read-only or full C(/dev/shm) on a crashed node does not stop them.
 seealso:
   - module: cleanslate.gpu.gpu_reset
   - module: cleanslate.gpu.shm_clean
@@ -141,18 +169,19 @@ removed:
   elements: dict
   contains:
     pyc:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/lib/python3.11/site-packages/vllm/__pycache__/envs.cpython-311.pyc
     source:
-      description: The source it was compiled from (which may no longer exist); null when the name carries no tag.
+      description: The source it was compiled from (which may no longer exist); null when the name carries no tag. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/lib/python3.11/site-packages/vllm/envs.py
     reason:
       description:
         - Why it goes. One of C(source missing), C(mtime differs), C(size differs), C(hash differs),
           C(code differs), C(source does not compile), C(magic number differs), C(corrupt bytecode), C(mode all),
-          or C(corrupt header) followed by what is wrong with it.
+          C(corrupt header) followed by what is wrong with it, or C(source is not a regular file) followed by the
+          type of what has the source's name (for example C(FIFO)).
       type: str
       sample: code differs
   sample: [{"pyc": "/site/vllm/__pycache__/envs.cpython-311.pyc", "source": "/site/vllm/envs.py", "reason": "code differs"}]
@@ -171,11 +200,11 @@ kept:
   elements: dict
   contains:
     pyc:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/__pycache__/envs.cpython-310.pyc
     source:
-      description: The source it belongs to, or null when the name carries no interpreter tag.
+      description: The source it belongs to, or null when the name carries no interpreter tag. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/envs.py
     reason:
@@ -190,7 +219,7 @@ problems:
   elements: dict
   contains:
     path:
-      description: The path concerned.
+      description: The path concerned. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/loop
     problem:
@@ -205,7 +234,7 @@ errors:
   elements: dict
   contains:
     path:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/__pycache__/envs.cpython-311.pyc
     error:
@@ -214,10 +243,21 @@ errors:
       sample: "[Errno 30] Read-only file system"
   sample: []
 targets:
-  description: The files and directory trees examined, with what named them (C(paths) or C(module <name>)).
+  description:
+    - The files and directory trees examined, with what named them (C(paths) or C(module <name>)).
+    - Each C(root) is the path with every C(..) resolved as the kernel resolves it. Bytes that are not UTF-8 appear as C(\xNN).
   returned: always
   type: list
   elements: dict
+  contains:
+    root:
+      description: The source file or directory tree.
+      type: str
+      sample: /site/vllm/v1/spec_decode/eagle.py
+    from:
+      description: C(paths), or C(module) followed by the name given in O(modules).
+      type: str
+      sample: module vllm.v1.spec_decode.eagle
   sample: [{"root": "/site/vllm/v1/spec_decode/eagle.py", "from": "module vllm.v1.spec_decode.eagle"}]
 python:
   description: The interpreter that judged the bytecode.
@@ -225,7 +265,7 @@ python:
   type: dict
   contains:
     executable:
-      description: Its C(sys.executable).
+      description: Its C(sys.executable). Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/.venv/bin/python
     version:
@@ -237,7 +277,7 @@ python:
       type: str
       sample: cpython-311
     pycache_prefix:
-      description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null.
+      description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: null
   sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null}
@@ -256,7 +296,6 @@ elapsed_s:
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -322,10 +361,10 @@ if sys.version_info < (3, 8):
     import json
     sys.stdout.write(json.dumps({"probe": %(probe)r, "version": sys.version.split()[0], "error":
         "%%s is Python %%s: the probe needs Python 3.8 or later" %% (sys.executable, sys.version.split()[0])}) + "\\n")
-    sys.exit(0)
-probe = {"__name__": "cleanslate_gpu_pyc_probe"}
-exec(compile(%(source)r, %(filename)r, "exec", dont_inherit=True), probe)
-probe["run_main"](%(request)r)
+else:
+    probe = {"__name__": "cleanslate_gpu_pyc_probe"}
+    exec(compile(%(source)r, %(filename)r, "exec", dont_inherit=True), probe)
+    probe["run_main"](%(request)r)
 """
 
 
@@ -341,23 +380,6 @@ def probe_script(request):
                         'filename': '<%s>' % _pyc_probe.PROBE_ID, 'request': json.dumps(request)}
 
 
-def stop_group(proc):
-    """SIGKILL the probe's whole process group (its own session: its comparison workers and
-    anything else it started), then collect what it wrote. proc is not reaped yet, so its
-    pid, which is the group's id, cannot have been reused."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass  # the group is gone already
-    try:
-        return proc.communicate(timeout=DRAIN_AFTER_KILL_S)
-    except subprocess.TimeoutExpired:
-        for stream in (proc.stdout, proc.stderr):
-            stream.close()
-        proc.wait()
-        return b'', b''
-
-
 def describe_exit(rc):
     if rc < 0:
         try:
@@ -369,21 +391,11 @@ def describe_exit(rc):
 
 def run_probe(module, python, request, timeout):
     """Run the probe under python; returns its result or fails the task saying what happened."""
-    # Not run_command: a program that is not Python may exit before reading its stdin, and the
-    # broken pipe must give the message below, which communicate() allows by ignoring EPIPE.
-    # Its own session, so that a timeout can stop the probe and every process it started.
     try:
-        proc = subprocess.Popen([python, '-B', '-'], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd='/', start_new_session=True)
+        rc, out, err, timed_out = _pyc_probe.run_bounded([python, '-B', '-'], probe_script(request).encode('utf-8'),
+                                                         timeout, DRAIN_AFTER_KILL_S)
     except OSError as exc:
         module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
-    timed_out = False
-    try:
-        out, err = proc.communicate(probe_script(request).encode('utf-8'), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        out, err = stop_group(proc)
-    rc = proc.returncode
     lines = out.decode('utf-8', 'replace').strip().splitlines()
     started = bool(lines) and lines[0] == _pyc_probe.STARTED
     result = None
@@ -414,6 +426,7 @@ def run_probe(module, python, request, timeout):
 
 
 def python_info(result):
+    """The interpreter's facts from the probe's result (wire text), as returned."""
     info = dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
     for key in ('executable', 'pycache_prefix'):
         info[key] = shown(info[key])
@@ -431,8 +444,7 @@ def local_names(result):
             item['pyc'], item['source'] = local(item['pyc']), local(item['source'])
     for item in result['problems']:
         item['path'] = local(item['path'])
-    if result.get('pycache_prefix'):
-        result['pycache_prefix'] = local(result['pycache_prefix'])
+    result['pycache_prefix'] = local(result.get('pycache_prefix'))
     return result
 
 
@@ -522,13 +534,15 @@ def main():
         'mode': params['mode'],
         'compare_code': params['compare_code'],
     }
-    result = local_names(run_probe(module, python, request, params['probe_timeout']))
+    result = run_probe(module, python, request, params['probe_timeout'])
+    info = python_info(result)
+    result = local_names(result)
     targets = result['targets']
     unsafe = [item['pyc'] for item in result['stale'] if not removable(item['pyc'], targets, result.get('pycache_prefix'))]
     if unsafe:
         # The probe and the module disagree about what is a target: remove nothing.
         module.fail_json(msg='refusing to remove files outside __pycache__ under the targets, nothing removed: %s'
-                         % ', '.join(printable(path) for path in unsafe[:10]), python=python_info(result))
+                         % ', '.join(printable(path) for path in unsafe[:10]), python=info)
     removed, errors = remove(module, result['stale'])
     removed = printable_items(removed, ('pyc', 'source'))
     errors = printable_items(errors, ('path',))
@@ -545,7 +559,7 @@ def main():
         'problems': [dict(item, problem=shown(item['problem'])) for item in problems],
         'errors': errors,
         'targets': printable_items(targets, ('root',)),
-        'python': python_info(result),
+        'python': info,
         'compared': result['compared'],
     }
     if module._diff:

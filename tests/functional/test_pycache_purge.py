@@ -739,6 +739,11 @@ def assert_valid_utf8(result):
     json.dumps(result, ensure_ascii=False).encode("utf-8")
 
 
+def shown(raw):
+    """A name as the module documents it returns: each byte that is not UTF-8 as \\xNN."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def test_names_that_are_not_utf8_are_returned_escaped(tmp_path):
     site = tmp_path / "site"
     make_package(site)
@@ -757,7 +762,6 @@ def test_names_that_are_not_utf8_are_returned_escaped(tmp_path):
     foreign = mine.replace(tag_of(VENV_PY), "cpython-310")
     os.rename(mine, foreign)
     os.symlink(package, package + b"/loop\xfe")
-    shown = lambda raw: raw.decode("utf-8", "backslashreplace")  # noqa: E731 - the documented escaping
 
     result = purge({"paths": [str(site)]})
 
