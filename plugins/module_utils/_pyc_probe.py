@@ -779,7 +779,12 @@ def run_main(request_json):
     # `python -` puts '' (the current directory) first on sys.path; the service never has it.
     if sys.path and sys.path[0] == "":
         del sys.path[0]
+    # What an import finder prints goes to stderr: stdout carries the result line alone.
+    stdout, sys.stdout = sys.stdout, sys.stderr
+    try:
+        result = run(json.loads(request_json))
+    finally:
+        sys.stdout = stdout
     # ensure_ascii (the default) writes surrogates as \udcXX escapes: the output is ASCII.
-    sys.stdout.write(json.dumps(run(json.loads(request_json))))
-    sys.stdout.write("\n")
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
     sys.stdout.flush()

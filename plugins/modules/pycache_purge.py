@@ -111,8 +111,8 @@ options:
     description:
       - Seconds the check under O(python) may take. When they are over, the check and every process it started
         are stopped with C(SIGKILL), nothing is removed, and the task fails saying so.
-      - A finite number above 0, at most 86400 (a day). A 20,000-file tree takes about half a second, or about a
-        minute on one CPU with O(compare_code=always).
+      - A finite number above 0, at most 86400 (a day). Measured on a 20,000-file tree - about half a second, and
+        about 25 CPU seconds with O(compare_code=always).
     type: float
     default: 600
     version_added: 0.2.0
@@ -307,8 +307,8 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printa
 # Problems become warnings too, but a broken tree should not flood the play output.
 MAX_WARNINGS = 20
 
-# probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, or under a minute
-# compiled in full); above it, a number is a mistake rather than a wish to wait.
+# probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, and about 25 CPU
+# seconds compiled in full); above it, a number is a mistake rather than a wish to wait.
 MAX_PROBE_TIMEOUT = 86400
 
 # After the probe's process group is killed, how long its pipes may take to close. Only a
@@ -352,10 +352,11 @@ def shown(text):
     return printable(text.encode('utf-8', 'surrogateescape')) if text is not None else None
 
 
-# What python runs from its stdin. Valid Python 2 too, so that the first line is printed by any
-# Python and an old one gets a sentence; the probe's source is compiled only after both.
+# What python runs from its stdin. Valid Python 2 too, so that the STARTED line is printed by any
+# Python (on a line of its own, whatever a .pth file printed before) and an old one gets a
+# sentence; the probe's source is compiled only after both.
 BOOTSTRAP = """import sys
-sys.stdout.write(%(started)r + "\\n")
+sys.stdout.write("\\n" + %(started)r + "\\n")
 sys.stdout.flush()
 if sys.version_info < (3, 8):
     import json
@@ -397,9 +398,10 @@ def run_probe(module, python, request, timeout):
     except OSError as exc:
         module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
     lines = out.decode('utf-8', 'replace').strip().splitlines()
-    started = bool(lines) and lines[0] == _pyc_probe.STARTED
+    # Not necessarily the first line: a .pth file may print before the bootstrap runs.
+    started = _pyc_probe.STARTED in lines
     result = None
-    if started and len(lines) > 1:
+    if started and lines[-1] != _pyc_probe.STARTED:
         try:
             result = json.loads(lines[-1])
         except ValueError:

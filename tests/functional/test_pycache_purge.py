@@ -892,3 +892,21 @@ def test_a_namespace_package_inside_a_package_is_found(tmp_path):
     assert result["rc"] == 0, result["msg"]
     assert result["targets"] == [{"root": str(plugins), "from": "module pkg.plugins"}]
     assert reasons(result) == {pyc: "code differs"}
+
+
+def test_what_a_pth_file_or_a_finder_prints_does_not_break_the_result(tmp_path):
+    python, site = make_venv(tmp_path)
+    source = make_package(site)
+    pyc = compile_source(python, source)
+    source.unlink()
+    (site / "chatty.py").write_text(
+        "import sys\n\nclass ChattyFinder:\n    @classmethod\n    def find_spec(cls, fullname, path=None, target=None):\n"
+        "        sys.stdout.write('looking for %s' % fullname)\n        return None\n")
+    # Startup output without a newline, then a finder asked first for every name.
+    (site / "chatty.pth").write_text("import sys, chatty; sys.stdout.write('hello from a .pth'); "
+                                     "sys.meta_path.insert(0, chatty.ChattyFinder)\n")
+
+    result = purge({"modules": ["pkg"]}, python=python)
+
+    assert result["rc"] == 0, result["msg"]
+    assert reasons(result) == {pyc: "source missing"}
