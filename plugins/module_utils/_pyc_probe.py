@@ -6,14 +6,19 @@
 
 """Private to this collection: the bytecode probe of cleanslate.gpu.pycache_purge.
 
-The module does not run this file under its own interpreter. It sends this file's source,
-followed by one call of run_request(), on stdin to the interpreter named in the task's
-`python`, because what makes a .pyc valid belongs to that interpreter: its cache tag, magic
-number, source hash key, compiler and sys.path. The probe only reads; it prints one JSON
+The module does not run this file under its own interpreter. It sends a bootstrap holding
+this file's source on stdin to the interpreter named in the task's `python` (`python -B -`),
+because what makes a .pyc valid belongs to that interpreter: its cache tag, magic number,
+source hash key, compiler, sys.path and import finders. The bootstrap prints STARTED, checks
+the version, runs this source and calls run_main(). The probe only reads; it prints one JSON
 object and the module removes files itself, after its own safety check.
 
 So this file must run on Python 3.8 and later, import nothing outside the standard library,
 and never import the packages it inspects (importing vLLM takes seconds and may crash).
+
+Names travel as "wire" text (to_wire/from_wire): a file name's bytes decoded as UTF-8 with
+surrogateescape, whatever the file system encoding of either interpreter, so that a name
+that is not UTF-8 survives the JSON both ways and the module can escape it for Ansible.
 """
 
 from __future__ import annotations
@@ -24,11 +29,17 @@ import importlib.util
 import json
 import marshal
 import os
+import signal
 import stat
 import sys
+import traceback
+import types
 import warnings
 
 PROBE_ID = "cleanslate.gpu.pyc_probe"
+# The first line the bootstrap prints: the interpreter runs Python, so whatever goes wrong after
+# it is the probe's failure (a crash, a signal, a broken import), not a program that is not Python.
+STARTED = PROBE_ID + " started"
 
 # PEP 552 header (Python 3.7+): magic, flags, then mtime + size or an 8-byte source hash.
 HEADER_SIZE = 16
@@ -52,9 +63,93 @@ MAX_WORKERS = 16
 
 OPT_LEVELS = {"": 0, "opt-1": 1, "opt-2": 2}
 
+# Finders every interpreter has; an unknown name lists only the others (editable installs...).
+STANDARD_FINDERS = ("BuiltinImporter", "FrozenImporter", "PathFinder")
+
+FILE_TYPES = ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+              (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+
 
 class ProbeError(Exception):
     """A request the probe cannot serve; the message goes to the user as is."""
+
+
+class NotRegularFile(OSError):
+    """A name that is not a regular file where a source or a pyc was expected."""
+
+
+def to_wire(name):
+    """A local str name as wire text: its bytes decoded as UTF-8, undecodable bytes as surrogates."""
+    return os.fsencode(name).decode("utf-8", "surrogateescape")
+
+
+def from_wire(text):
+    """Wire text back to a local str name (the same bytes on disk)."""
+    return os.fsdecode(text.encode("utf-8", "surrogateescape"))
+
+
+def message_to_wire(text):
+    """A sentence that holds names, as wire text when the file system encoding can carry it."""
+    try:
+        return to_wire(text)
+    except UnicodeError:
+        return text
+
+
+def resolve_path(path):
+    """path made absolute with every '..' taken from where the kernel is at that point.
+
+    os.path.normpath and abspath drop 'link/..' as text, but the kernel follows link first and
+    then goes up from its target, so '/x/link/../pkg' names the pkg beside link's target, not
+    /x/pkg. Each '..' here goes up from the real path of what precedes it; other components,
+    symbolic links included, are kept as given (bytecode under PYTHONPYCACHEPREFIX is keyed
+    by the path as spelled). The module and the probe both resolve with this function."""
+    if not os.path.isabs(path):
+        path = os.path.join(os.getcwd(), path)
+    resolved = os.sep
+    for part in path.split(os.sep):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = os.path.dirname(os.path.realpath(resolved))
+        else:
+            resolved = os.path.join(resolved, part)
+    return resolved
+
+
+def file_type(mode):
+    for test, name in FILE_TYPES:
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_regular(path, size=-1):
+    """The bytes of a regular file (the first `size` only when given) and its fstat.
+
+    A FIFO, socket or device is never opened: stat first (a device's open can act, a FIFO's
+    blocks until a writer comes), then open non-blocking and check the opened file itself, so a
+    name swapped for a FIFO in between is refused, not waited on. Raises NotRegularFile."""
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(errno.EINVAL, "not a regular file ({0})".format(file_type(info.st_mode)), path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file ({0})".format(file_type(info.st_mode)), path)
+        chunks = []
+        left = size
+        while left != 0:
+            chunk = os.read(fd, 1 << 20 if left < 0 else min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if left > 0:
+                left -= len(chunk)
+        return b"".join(chunks), info
+    finally:
+        os.close(fd)
 
 
 def parse_pyc_name(name):
@@ -117,12 +212,13 @@ def compare_one(item):
     """Worker for one full comparison: (pyc, source, level) -> (pyc, reason or None, problem or None)."""
     pyc, source, level = item
     try:
-        with open(pyc, "rb") as handle:
-            body = handle.read()[HEADER_SIZE:]
-        with open(source, "rb") as handle:
-            source_bytes = handle.read()
+        body = read_regular(pyc)[0][HEADER_SIZE:]
     except OSError as exc:
         return pyc, None, "cannot read: {0}".format(exc.strerror or exc)
+    try:
+        source_bytes = read_regular(source)[0]
+    except OSError as exc:
+        return pyc, None, "cannot read its source {0}: {1}".format(source, exc.strerror or exc)
     try:
         if same_code(body, source_bytes, source, level):
             return pyc, None, None
@@ -136,63 +232,227 @@ def compare_one(item):
         return pyc, "corrupt bytecode", None
 
 
+def worker_count(items):
+    if items < PARALLEL_MIN_ITEMS or not hasattr(os, "fork"):
+        return 1
+    try:
+        workers = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        workers = os.cpu_count() or 1
+    return max(1, min(workers, MAX_WORKERS, items))
+
+
 def compare_all(items):
-    """Run compare_one over items, in forked workers when there are many and fork exists."""
-    workers = 1
-    if len(items) >= PARALLEL_MIN_ITEMS:
-        try:
-            workers = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            workers = os.cpu_count() or 1
-        workers = min(workers, MAX_WORKERS)
-    if workers > 1:
-        try:
-            import multiprocessing
-            context = multiprocessing.get_context("fork")
-        except (ImportError, ValueError):
-            context = None
-        if context is not None:
-            # fork, not spawn: the probe's __main__ is stdin, which a spawned child cannot re-import.
-            pool = context.Pool(workers)
+    """compare_one over items, in order; in forked workers when there are many and fork exists.
+
+    Each worker takes every n-th item (files of one directory tend to be alike, so this spreads
+    the big ones) and sends its verdicts back through its own pipe. Not multiprocessing: its
+    Pool needs a POSIX semaphore, which glibc creates as a file in /dev/shm, so a read-only or
+    full /dev/shm (exactly what a crashed node may have) made the probe die with EROFS or ENOSPC;
+    and a Pool whose worker is killed (the OOM killer) waits forever. A pipe needs neither, and
+    a dead worker is seen at once: its pipe ends early and waitpid says why."""
+    workers = worker_count(len(items))
+    if workers <= 1:
+        return [compare_one(item) for item in items]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    children = []
+    results = [None] * len(items)
+    try:
+        for index in range(workers):
+            share = items[index::workers]
+            read_fd, write_fd = os.pipe()
             try:
-                return pool.map(compare_one, items, chunksize=max(1, len(items) // (workers * 8)))
-            finally:
-                pool.close()
-                pool.join()
-    return [compare_one(item) for item in items]
+                pid = os.fork()
+            except OSError:
+                os.close(read_fd)
+                os.close(write_fd)
+                results[index::workers] = [compare_one(item) for item in share]
+                continue
+            if pid == 0:
+                serve_share(share, write_fd, [fd for _pid, fd, _index in children] + [read_fd])
+            os.close(write_fd)
+            children.append((pid, read_fd, index))
+        while children:
+            pid, read_fd, index = children.pop(0)
+            results[index::workers] = collect_share(pid, read_fd, items[index::workers])
+    finally:
+        for pid, read_fd, _index in children:
+            # Only after an error above: stop and reap the workers still running.
+            os.close(read_fd)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    return results
+
+
+def serve_share(share, write_fd, inherited):
+    """In a forked worker: compare share, write the verdicts to write_fd, and exit."""
+    status = 0
+    try:
+        for fd in inherited:
+            os.close(fd)
+        data = marshal.dumps([compare_one(item) for item in share])
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_fd, view):]
+    except BaseException:  # noqa: B902 - nothing may unwind past a forked child's own exit
+        status = 70
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:  # noqa: B902
+            pass
+    os._exit(status)
+
+
+def collect_share(pid, read_fd, share):
+    """The verdicts a worker sent, or ProbeError saying how it died."""
+    chunks = []
+    try:
+        while True:
+            chunk = os.read(read_fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    _pid, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        try:
+            verdicts = [tuple(verdict) for verdict in marshal.loads(b"".join(chunks))]
+        except (EOFError, ValueError, TypeError):
+            verdicts = None
+        if verdicts is not None and len(verdicts) == len(share):
+            return verdicts
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            how = "was killed by signal {0} ({1})".format(signal.Signals(number).name, number)
+        except ValueError:
+            how = "was killed by signal {0}".format(number)
+    elif os.WIFEXITED(status) and os.WEXITSTATUS(status) != 0:
+        how = "exited with status {0}".format(os.WEXITSTATUS(status))
+    else:
+        how = "sent an incomplete answer"
+    raise ProbeError("a code comparison worker (pid {0}) {1} while comparing {2} files, among them {3}".format(pid, how, len(share), share[0][0]))
+
+
+def run_bounded(argv, data, timeout, drain):
+    """Run argv with data on its stdin for at most timeout seconds: (rc, stdout, stderr, timed_out).
+
+    Used by the module, never by the probe. Not module.run_command, which has no timeout and
+    shares the module's process group: argv gets a session of its own, so that at the timeout
+    the whole group (the probe, its comparison workers, whatever else it started) is killed,
+    while argv is not reaped yet and its pid, the group's id, cannot have been reused. And a
+    program that is not Python may exit before it reads its stdin: communicate() ignores the
+    broken pipe, so the caller can still say what the program printed."""
+    import subprocess  # here: the probe itself never needs it
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(data, timeout=timeout)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass  # the group is gone already
+    try:
+        out, err = proc.communicate(timeout=drain)
+    except subprocess.TimeoutExpired:
+        # Only a process that left the group (setsid) can hold the pipes this long.
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
+        proc.wait()
+        out, err = b"", b""
+    return proc.returncode, out, err, True
+
+
+def finder_name(finder):
+    name = getattr(finder, "__qualname__", None) or type(finder).__qualname__
+    module = getattr(finder, "__module__", None) or type(finder).__module__
+    return name if module in (None, "builtins", "_frozen_importlib", "_frozen_importlib_external") else module + "." + name
+
+
+def find_spec(name, fullname, path, finders):
+    """The first spec a finder gives for fullname, asking them in order as import does."""
+    for finder in finders:
+        method = getattr(finder, "find_spec", None)
+        if method is None:
+            continue  # a finder of the removed find_module protocol: import skips it too (3.12+)
+        try:
+            spec = method(fullname, path)
+        except Exception as exc:  # noqa: B902 - any finder's failure is reported, as import would raise it
+            raise ProbeError("module '{0}' cannot be looked up: the import finder {1} failed on '{2}': {3}: {4}".format(
+                name, finder_name(finder), fullname, type(exc).__name__, exc))
+        if spec is not None:
+            return spec
+    return None
 
 
 def resolve_module(name, search_path=None):
     """Find where a dotted module lives without importing it or its parent packages.
 
-    importlib.util.find_spec('a.b') imports 'a'; PathFinder.find_spec with an explicit path
-    does not, so the walk goes one name at a time down the packages' search locations.
-    Returns the list of files or directories to purge: a module's source file, or a
-    package's directories (several for a namespace package)."""
+    importlib.util.find_spec('a.b') imports 'a'. Here each name is looked up with the finders
+    of sys.meta_path in order, as import does, so that packages only a finder knows are found
+    (the __editable__ finder of a setuptools `pip install -e`, installed by a .pth file);
+    a parent package is given to its submodules' lookup as a stand-in module holding only its
+    search locations, never by running its code. With search_path, only sys.path's own
+    PathFinder is asked, on that path. Returns the files or directories to purge: a module's
+    source file, or a package's directories (several for a namespace package)."""
     parts = name.split(".")
     if not name or not all(part.isidentifier() for part in parts):
         raise ProbeError("'{0}' is not a dotted module name".format(name))
-    path = list(sys.path if search_path is None else search_path)
-    for index, part in enumerate(parts):
-        fullname = ".".join(parts[:index + 1])
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None:
-            where = "the sys.path of {0}".format(sys.executable) if index == 0 else "package '{0}'".format(".".join(parts[:index]))
-            raise ProbeError("module '{0}' not found: no '{1}' in {2}; searched: {3}".format(
-                name, part, where, ", ".join(path) or "(nothing)"))
-        locations = spec.submodule_search_locations
-        if index + 1 < len(parts):
-            if locations is None:
-                raise ProbeError("module '{0}' not found: '{1}' is a module ({2}), not a package".format(
-                    name, fullname, spec.origin))
-            path = list(locations)
-            continue
-        if locations is not None:
-            return [os.path.abspath(location) for location in locations]
-        if not spec.origin or not spec.has_location:
-            raise ProbeError("module '{0}' has no file on disk (origin: {1})".format(name, spec.origin))
-        return [os.path.abspath(spec.origin)]
+    if search_path is None:
+        finders, path = list(sys.meta_path), None
+    else:
+        finders, path = [importlib.machinery.PathFinder], list(search_path)
+    stand_ins = []
+    try:
+        for index, part in enumerate(parts):
+            fullname = ".".join(parts[:index + 1])
+            spec = find_spec(name, fullname, path, finders)
+            if spec is None:
+                raise ProbeError(not_found(name, parts, index, path, finders))
+            # Read now: a namespace package's locations are recomputed from its parent's.
+            locations = spec.submodule_search_locations
+            locations = None if locations is None else list(locations)
+            if index + 1 < len(parts):
+                if locations is None:
+                    raise ProbeError("module '{0}' not found: '{1}' is a module ({2}), not a package".format(
+                        name, fullname, spec.origin))
+                if fullname not in sys.modules:
+                    stand_in = types.ModuleType(fullname)
+                    stand_in.__path__ = locations
+                    stand_in.__spec__ = spec
+                    sys.modules[fullname] = stand_in
+                    stand_ins.append(fullname)
+                path = locations
+                continue
+            if locations is not None:
+                return [resolve_path(location) for location in locations]
+            if not spec.origin or not spec.has_location:
+                raise ProbeError("module '{0}' has no file on disk (origin: {1})".format(name, spec.origin))
+            return [resolve_path(spec.origin)]
+    finally:
+        for fullname in stand_ins:
+            sys.modules.pop(fullname, None)
     raise ProbeError("module '{0}' not found".format(name))  # unreachable: the loop returns or raises
+
+
+def not_found(name, parts, index, path, finders):
+    if index == 0:
+        where = "the sys.path of {0}".format(sys.executable)
+        searched = sys.path if path is None else path
+    else:
+        where = "package '{0}'".format(".".join(parts[:index]))
+        searched = path
+    others = [finder_name(finder) for finder in finders
+              if (getattr(finder, "__name__", None) or type(finder).__name__) not in STANDARD_FINDERS]
+    return "module '{0}' not found: no '{1}' in {2}; searched: {3}{4}".format(
+        name, parts[index], where, ", ".join(searched) or "(nothing)",
+        "; also asked the import finders {0}".format(", ".join(others)) if others else "")
 
 
 def prefix_mirror(prefix, directory):
@@ -349,7 +609,10 @@ class Scan(object):
     # -- judging -----------------------------------------------------------------------
 
     def find_source(self, source_dir, stem, names):
-        """The existing source file for stem in source_dir, or (expected path, None)."""
+        """(source path, its stat, None) for the source importlib would load for stem in source_dir:
+        the first suffix naming a regular file (symbolic links followed), as FileFinder requires.
+        Otherwise (expected path, None, what the first existing name is instead, or None)."""
+        other = None
         for suffix in self.suffixes:
             candidate = os.path.join(source_dir, stem + suffix)
             if names is not None and (stem + suffix) not in names:
@@ -358,9 +621,13 @@ class Scan(object):
                 info = os.stat(candidate)
             except OSError:
                 continue
-            if not stat.S_ISDIR(info.st_mode):
-                return candidate, info
-        return os.path.join(source_dir, stem + self.suffixes[0]), None
+            if stat.S_ISREG(info.st_mode):
+                return candidate, info, None
+            if other is None:
+                other = (candidate, file_type(info.st_mode))
+        if other is not None:
+            return other[0], None, other[1]
+        return os.path.join(source_dir, stem + self.suffixes[0]), None, None
 
     def judge(self, pyc, parsed, source_dir, names):
         if parsed is None:
@@ -370,13 +637,16 @@ class Scan(object):
                 self.skipped.append({"pyc": pyc, "source": None, "reason": "no interpreter tag in the name; no interpreter loads it"})
             return
         stem, tag, opt = parsed
-        source, source_stat = self.find_source(source_dir, stem, names)
+        source, source_stat, other_type = self.find_source(source_dir, stem, names)
         if self.mode == "all":
             self.stale.append({"pyc": pyc, "source": source, "reason": "mode all"})
             return
         if source_stat is None:
-            # No interpreter loads a __pycache__ pyc whose source is gone, whatever its tag.
-            self.stale.append({"pyc": pyc, "source": source, "reason": "source missing"})
+            # No interpreter loads a __pycache__ pyc whose source is gone, whatever its tag; nor
+            # one whose source name is a FIFO, socket, device or directory: import only loads
+            # (and only compiles) a regular file, and the probe never opens anything else.
+            reason = "source is not a regular file ({0})".format(other_type) if other_type else "source missing"
+            self.stale.append({"pyc": pyc, "source": source, "reason": reason})
             return
         if tag != self.tag:
             self.skipped.append({"pyc": pyc, "source": source, "reason": "compiled for {0}; this interpreter is {1}".format(tag, self.tag)})
@@ -391,9 +661,7 @@ class Scan(object):
     def header_verdict(self, pyc, source, source_stat, level):
         """Reason the header proves staleness, or None (queued for a code comparison if needed)."""
         try:
-            with open(pyc, "rb") as handle:
-                data = handle.read(HEADER_SIZE)
-                pyc_stat = os.fstat(handle.fileno())
+            data, pyc_stat = read_regular(pyc, HEADER_SIZE)
         except OSError as exc:
             self.problem(pyc, "cannot read: {0}".format(exc.strerror or exc))
             return None
@@ -405,8 +673,7 @@ class Scan(object):
             return "magic number differs"
         if header["hash_based"]:
             try:
-                with open(source, "rb") as handle:
-                    source_bytes = handle.read()
+                source_bytes = read_regular(source)[0]
             except OSError as exc:
                 self.problem(source, "cannot read: {0}".format(exc.strerror or exc))
                 return None
@@ -460,7 +727,7 @@ def run(request):
             raise ProbeError("{0} does not use cached bytecode (sys.implementation.cache_tag is None)".format(sys.executable))
         targets = []
         for path in request.get("paths") or []:
-            targets.append({"root": path, "from": "paths"})
+            targets.append({"root": resolve_path(from_wire(path)), "from": "paths"})
         for name in request.get("modules") or []:
             for location in resolve_module(name):
                 targets.append({"root": location, "from": "module " + name})
@@ -471,7 +738,7 @@ def run(request):
         scan.finish()
     except ProbeError as exc:
         info["error"] = str(exc)
-        return info
+        return wired(info)
     info.update({
         "error": None,
         "targets": targets,
@@ -482,14 +749,42 @@ def run(request):
         "compared": len(scan.to_compare),
         "fast_fresh": scan.fast_fresh,
     })
+    return wired(info)
+
+
+def wired(info):
+    """The result with every name and every sentence as wire text."""
+    for key in ("executable", "pycache_prefix"):
+        if info.get(key):
+            info[key] = to_wire(info[key])
+    info["sys_path"] = [to_wire(entry) for entry in info["sys_path"]]
+    if info.get("error"):
+        info["error"] = message_to_wire(info["error"])
+    for target in info.get("targets") or []:
+        target["root"] = to_wire(target["root"])
+    for key in ("stale", "skipped"):
+        for item in info.get(key) or []:
+            item["pyc"] = to_wire(item["pyc"])
+            if item["source"] is not None:
+                item["source"] = to_wire(item["source"])
+            item["reason"] = message_to_wire(item["reason"])
+    for item in info.get("problems") or []:
+        item["path"] = to_wire(item["path"])
+        item["problem"] = message_to_wire(item["problem"])
     return info
 
 
 def run_main(request_json):
-    """Entry point when sent on stdin: `python -B -` with a call to this function appended."""
+    """Entry point: the module's bootstrap, sent to `python -B -`, runs this file's source and then this."""
     # `python -` puts '' (the current directory) first on sys.path; the service never has it.
     if sys.path and sys.path[0] == "":
         del sys.path[0]
-    sys.stdout.write(json.dumps(run(json.loads(request_json))))
-    sys.stdout.write("\n")
+    # What an import finder prints goes to stderr: stdout carries the result line alone.
+    stdout, sys.stdout = sys.stdout, sys.stderr
+    try:
+        result = run(json.loads(request_json))
+    finally:
+        sys.stdout = stdout
+    # ensure_ascii (the default) writes surrogates as \udcXX escapes: the output is ASCII.
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
     sys.stdout.flush()

@@ -15,8 +15,8 @@ description:
   - After a file inside an installed package is patched, Python may keep loading the old bytecode from
     C(__pycache__) and silently ignore the patch. This module removes that bytecode for the interpreter
     that runs the service, so the next start compiles the patched source.
-  - The targets are O(paths) (source files or directory trees) and O(modules) (dotted names found on the
-    C(sys.path) of O(python) B(without importing) them or their parent packages).
+  - The targets are O(paths) (source files or directory trees) and O(modules) (dotted names found by the import
+    finders of O(python), as its C(import) would find them, B(without importing) them or their parent packages).
   - For every source, the bytecode is C(__pycache__/<name>.<cache tag>[.opt-1|.opt-2].pyc) for every cache tag
     present and, when the environment of O(python) sets E(PYTHONPYCACHEPREFIX), the same files under that prefix.
   - With O(mode=stale), a C(.pyc) compiled for O(python) is removed when its source no longer exists; when it is
@@ -36,6 +36,13 @@ description:
     files inside it are never touched.
   - Symbolic links to directories are followed only when they stay inside the targets. Symbolic link loops,
     links out of the targets and unreadable directories are reported in RV(problems) and as warnings, not errors.
+  - A FIFO, socket or device is never opened, even when it is named like a source or a C(.pyc) (opening a FIFO
+    waits for a writer forever). Such a C(.pyc) name is not bytecode and is left alone; the bytecode of a source
+    name that is not a regular file is stale (Python neither loads nor compiles it) and goes in O(mode=stale)
+    with the reason C(source is not a regular file) and the file's type.
+  - File names are returned as text. A byte that is not valid UTF-8 is written as the four characters C(\xNN)
+    (backslash, C(x), two hexadecimal digits), as Python's C(backslashreplace) does, so a name of any bytes is
+    reported; valid UTF-8 is returned as it is. This holds for every path in the results and in messages.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
 requirements:
@@ -57,15 +64,22 @@ options:
   paths:
     description:
       - Source files and directory trees whose bytecode is checked. Each must be an absolute path that exists.
+      - A C(..) is resolved as the kernel resolves it, from where the path before it leads (C(/x/link/../pkg)
+        is the C(pkg) beside the target of C(link), not C(/x/pkg)); RV(targets) shows each root so resolved.
       - A directory is searched recursively for C(__pycache__) directories.
       - At least one of O(paths) and O(modules) must be given.
     type: list
     elements: path
   modules:
     description:
-      - Dotted module or package names, for example C(vllm.v1.spec_decode.eagle) or C(vllm), found on the
-        C(sys.path) of O(python) without importing anything. A package means its whole directory tree.
-      - An unknown name is an error that lists the directories searched; nothing is removed then.
+      - Dotted module or package names, for example C(vllm.v1.spec_decode.eagle) or C(vllm), found without
+        importing anything. A package means its whole directory tree.
+      - Each name is looked up with the finders of C(sys.meta_path) of O(python), in order, as C(import) does, so
+        packages that only a finder knows are found too, such as a C(pip install -e) editable install (setuptools
+        installs an C(__editable__) finder from a C(.pth) file). A parent package is given to its submodules'
+        lookup by its search locations, never by running its C(__init__.py).
+      - An unknown name is an error that lists the directories searched and the other finders asked; a finder that
+        raises is an error that names it and its exception. Nothing is removed then.
     type: list
     elements: str
   python:
@@ -93,10 +107,24 @@ options:
     type: str
     choices: [auto, always, never]
     default: auto
+  probe_timeout:
+    description:
+      - Seconds the check under O(python) may take. When they are over, the check and every process it started
+        are stopped with C(SIGKILL), nothing is removed, and the task fails saying so.
+      - A finite number above 0, at most 86400 (a day). Measured on a 20,000-file tree - about half a second, and
+        about 25 CPU seconds with O(compare_code=always).
+    type: float
+    default: 600
+    version_added: 0.2.0
 notes:
   - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
   - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task
     fails at the end, naming each one in RV(errors).
+  - When the check under O(python) fails, the task fails with what happened and removes nothing - a program that is
+    not Python, a Python older than 3.8, a check killed by a signal (with the signal's name) or one that exited
+    early (with its exit status), each with the last lines it wrote on its standard error, or O(probe_timeout).
+  - Source comparisons run in forked worker processes that report back through pipes; they need nothing in
+    C(/dev/shm), so a read-only or full C(/dev/shm) on a crashed node does not stop them.
 seealso:
   - module: cleanslate.gpu.gpu_reset
   - module: cleanslate.gpu.shm_clean
@@ -141,18 +169,19 @@ removed:
   elements: dict
   contains:
     pyc:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/lib/python3.11/site-packages/vllm/__pycache__/envs.cpython-311.pyc
     source:
-      description: The source it was compiled from (which may no longer exist); null when the name carries no tag.
+      description: The source it was compiled from (which may no longer exist); null when the name carries no tag. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/lib/python3.11/site-packages/vllm/envs.py
     reason:
       description:
         - Why it goes. One of C(source missing), C(mtime differs), C(size differs), C(hash differs),
           C(code differs), C(source does not compile), C(magic number differs), C(corrupt bytecode), C(mode all),
-          or C(corrupt header) followed by what is wrong with it.
+          C(corrupt header) followed by what is wrong with it, or C(source is not a regular file) followed by the
+          type of what has the source's name (for example C(FIFO)).
       type: str
       sample: code differs
   sample: [{"pyc": "/site/vllm/__pycache__/envs.cpython-311.pyc", "source": "/site/vllm/envs.py", "reason": "code differs"}]
@@ -171,11 +200,11 @@ kept:
   elements: dict
   contains:
     pyc:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/__pycache__/envs.cpython-310.pyc
     source:
-      description: The source it belongs to, or null when the name carries no interpreter tag.
+      description: The source it belongs to, or null when the name carries no interpreter tag. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/envs.py
     reason:
@@ -190,7 +219,7 @@ problems:
   elements: dict
   contains:
     path:
-      description: The path concerned.
+      description: The path concerned. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/loop
     problem:
@@ -205,7 +234,7 @@ errors:
   elements: dict
   contains:
     path:
-      description: Absolute path of the C(.pyc) file.
+      description: Absolute path of the C(.pyc) file. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /site/vllm/__pycache__/envs.cpython-311.pyc
     error:
@@ -214,10 +243,21 @@ errors:
       sample: "[Errno 30] Read-only file system"
   sample: []
 targets:
-  description: The files and directory trees examined, with what named them (C(paths) or C(module <name>)).
+  description:
+    - The files and directory trees examined, with what named them (C(paths) or C(module <name>)).
+    - Each C(root) is the path with every C(..) resolved as the kernel resolves it. Bytes that are not UTF-8 appear as C(\xNN).
   returned: always
   type: list
   elements: dict
+  contains:
+    root:
+      description: The source file or directory tree.
+      type: str
+      sample: /site/vllm/v1/spec_decode/eagle.py
+    from:
+      description: C(paths), or C(module) followed by the name given in O(modules).
+      type: str
+      sample: module vllm.v1.spec_decode.eagle
   sample: [{"root": "/site/vllm/v1/spec_decode/eagle.py", "from": "module vllm.v1.spec_decode.eagle"}]
 python:
   description: The interpreter that judged the bytecode.
@@ -225,7 +265,7 @@ python:
   type: dict
   contains:
     executable:
-      description: Its C(sys.executable).
+      description: Its C(sys.executable). Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: /opt/vllm/.venv/bin/python
     version:
@@ -237,7 +277,7 @@ python:
       type: str
       sample: cpython-311
     pycache_prefix:
-      description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null.
+      description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: null
   sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null}
@@ -255,19 +295,32 @@ elapsed_s:
 
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 # Problems become warnings too, but a broken tree should not flood the play output.
 MAX_WARNINGS = 20
 
+# probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, and about 25 CPU
+# seconds compiled in full); above it, a number is a mistake rather than a wish to wait.
+MAX_PROBE_TIMEOUT = 86400
+
+# After the probe's process group is killed, how long its pipes may take to close. Only a
+# process that left the group (setsid) can hold them longer, and then the result is lost anyway.
+DRAIN_AFTER_KILL_S = 5
+
+# How many of the probe's last stderr lines a failure quotes.
+STDERR_LINES = 3
+
 
 def input_problems(params):
-    """Every problem with the arguments as messages; empty when they are usable."""
+    """Every problem with the arguments as one sentence each; empty when they are usable."""
     problems = []
     if not params['paths'] and not params['modules']:
         problems.append('nothing to purge: give paths, modules or both')
@@ -289,49 +342,118 @@ def input_problems(params):
         problems.append('python %s does not exist' % python)
     elif not os.path.isfile(python) or not os.access(python, os.X_OK):
         problems.append('python %s is not an executable file' % python)
-    return problems
+    problems.append(number_problem('probe_timeout', params['probe_timeout'], above=0, maximum=MAX_PROBE_TIMEOUT,
+                                   unit='seconds'))
+    return [problem for problem in problems if problem]
+
+
+def shown(text):
+    """Wire text from the probe (names as UTF-8 with surrogateescape) as Ansible can carry it."""
+    return printable(text.encode('utf-8', 'surrogateescape')) if text is not None else None
+
+
+# What python runs from its stdin. Valid Python 2 too, so that the STARTED line is printed by any
+# Python (on a line of its own, whatever a .pth file printed before) and an old one gets a
+# sentence; the probe's source is compiled only after both.
+BOOTSTRAP = """import sys
+sys.stdout.write("\\n" + %(started)r + "\\n")
+sys.stdout.flush()
+if sys.version_info < (3, 8):
+    import json
+    sys.stdout.write(json.dumps({"probe": %(probe)r, "version": sys.version.split()[0], "error":
+        "%%s is Python %%s: the probe needs Python 3.8 or later" %% (sys.executable, sys.version.split()[0])}) + "\\n")
+else:
+    probe = {"__name__": "cleanslate_gpu_pyc_probe"}
+    exec(compile(%(source)r, %(filename)r, "exec", dont_inherit=True), probe)
+    probe["run_main"](%(request)r)
+"""
 
 
 def probe_script(request):
-    """The probe's source with the call that serves this request appended."""
+    """The bootstrap carrying the probe's source and this request."""
     loader = _pyc_probe.__spec__.loader
     source = loader.get_source(_pyc_probe.__name__)
     if not source:
         # Only a loader without sources (a bytecode-only install) gets here.
         with open(_pyc_probe.__file__, 'r') as handle:
             source = handle.read()
-    return '%s\n\nif __name__ == "__main__":\n    run_main(%r)\n' % (source, json.dumps(request))
+    return BOOTSTRAP % {'started': _pyc_probe.STARTED, 'probe': _pyc_probe.PROBE_ID, 'source': source,
+                        'filename': '<%s>' % _pyc_probe.PROBE_ID, 'request': json.dumps(request)}
 
 
-def run_probe(module, python, request):
-    """Run the probe under python; returns its result or fails the task with why."""
-    # Not run_command: a program that is not Python may exit before reading its stdin, and the
-    # broken pipe must give the message below, which communicate() allows by ignoring EPIPE.
+def describe_exit(rc):
+    if rc < 0:
+        try:
+            return 'was killed by signal %s (%d)' % (signal.Signals(-rc).name, -rc)
+        except ValueError:
+            return 'was killed by signal %d' % -rc
+    return 'exited with rc %d' % rc
+
+
+def run_probe(module, python, request, timeout):
+    """Run the probe under python; returns its result or fails the task saying what happened."""
     try:
-        proc = subprocess.run([python, '-B', '-'], input=probe_script(request), cwd='/', capture_output=True,
-                              text=True, errors='replace', check=False)
+        rc, out, err, timed_out = _pyc_probe.run_bounded([python, '-B', '-'], probe_script(request).encode('utf-8'),
+                                                         timeout, DRAIN_AFTER_KILL_S)
     except OSError as exc:
         module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
-    rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    lines = out.decode('utf-8', 'replace').strip().splitlines()
+    # Not necessarily the first line: a .pth file may print before the bootstrap runs.
+    started = _pyc_probe.STARTED in lines
     result = None
-    lines = out.strip().splitlines()
-    if lines:
+    if started and lines[-1] != _pyc_probe.STARTED:
         try:
             result = json.loads(lines[-1])
         except ValueError:
             result = None
+    said = [printable(line) for line in err.strip().splitlines()[-STDERR_LINES:]]
+    detail = (' and said: ' + ' | '.join(said)) if said else ' and printed nothing on stderr'
+    if timed_out:
+        module.fail_json(msg='the probe under python %s did not finish within %s seconds (probe_timeout); it was '
+                         'stopped with its processes, nothing was removed%s' % (
+                             python, module.params['probe_timeout'], detail if said else ''))
     if not isinstance(result, dict) or result.get('probe') != _pyc_probe.PROBE_ID:
-        detail = (err or out).strip().splitlines()[-3:]
+        if started:
+            module.fail_json(msg='the probe under python %s %s before it gave a result, nothing was removed%s' % (
+                python, describe_exit(rc), detail))
+        if rc < 0:
+            module.fail_json(msg='python %s %s before it ran the probe%s' % (python, describe_exit(rc), detail))
+        said = [printable(line) for line in (err or out).strip().splitlines()[-STDERR_LINES:]]
         module.fail_json(msg='python %s is not a Python 3.8+ interpreter: it exited with rc %d%s' % (
-            python, rc, (' and said: ' + ' | '.join(detail)) if detail else ' and printed nothing'))
+            python, rc, (' and said: ' + ' | '.join(said)) if said else ' and printed nothing'))
     if rc != 0 or result.get('error'):
-        module.fail_json(msg=result.get('error') or 'the probe failed under %s (rc %d): %s' % (python, rc, err.strip()),
-                         python=python_info(result))
+        module.fail_json(msg=shown(result.get('error')) or 'the probe under python %s %s%s' % (
+            python, describe_exit(rc), detail), python=python_info(result))
     return result
 
 
 def python_info(result):
-    return dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    """The interpreter's facts from the probe's result (wire text), as returned."""
+    info = dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    for key in ('executable', 'pycache_prefix'):
+        info[key] = shown(info[key])
+    return info
+
+
+def local_names(result):
+    """The probe's result with every name turned from wire text into this interpreter's str."""
+    def local(text):
+        return None if text is None else _pyc_probe.from_wire(text)
+    for target in result['targets']:
+        target['root'] = local(target['root'])
+    for key in ('stale', 'skipped'):
+        for item in result[key]:
+            item['pyc'], item['source'] = local(item['pyc']), local(item['source'])
+    for item in result['problems']:
+        item['path'] = local(item['path'])
+    result['pycache_prefix'] = local(result.get('pycache_prefix'))
+    return result
+
+
+def printable_items(items, keys):
+    """Copies of items with the names under keys escaped for Ansible (see _text.printable)."""
+    return [dict(item, **dict((key, printable(item[key]) if item[key] is not None else None) for key in keys))
+            for item in items]
 
 
 def under(path, root):
@@ -384,7 +506,7 @@ def remove(module, stale):
             except FileNotFoundError:
                 pass  # gone already (an importer replaced or removed it): the goal is met
             except OSError as exc:
-                errors.append({'path': item['pyc'], 'error': str(exc)})
+                errors.append({'path': item['pyc'], 'error': '[Errno %s] %s' % (exc.errno, exc.strerror)})
                 continue
         removed.append(item)
     return removed, errors
@@ -398,50 +520,55 @@ def main():
             python=dict(type='path'),
             mode=dict(type='str', default='stale', choices=['stale', 'all']),
             compare_code=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
+            probe_timeout=dict(type='float', default=600),
         ),
         supports_check_mode=True,
     )
     started = time.monotonic()
     params = dict(module.params)
     params['python'] = params['python'] or sys.executable
-    problems = input_problems(params)
-    if problems:
-        module.fail_json(msg='; '.join(problems))
+    fail_on_problems(module, input_problems(params))
     python = params['python']
     request = {
-        'paths': [os.path.normpath(path) for path in params['paths'] or []],
+        # '..' as the kernel resolves it; the probe resolves its own names (modules) the same way.
+        'paths': [_pyc_probe.to_wire(_pyc_probe.resolve_path(path)) for path in params['paths'] or []],
         'modules': params['modules'] or [],
         'mode': params['mode'],
         'compare_code': params['compare_code'],
     }
-    result = run_probe(module, python, request)
+    result = run_probe(module, python, request, params['probe_timeout'])
+    info = python_info(result)
+    result = local_names(result)
     targets = result['targets']
     unsafe = [item['pyc'] for item in result['stale'] if not removable(item['pyc'], targets, result.get('pycache_prefix'))]
     if unsafe:
         # The probe and the module disagree about what is a target: remove nothing.
         module.fail_json(msg='refusing to remove files outside __pycache__ under the targets, nothing removed: %s'
-                         % ', '.join(unsafe[:10]), python=python_info(result))
+                         % ', '.join(printable(path) for path in unsafe[:10]), python=info)
     removed, errors = remove(module, result['stale'])
-    for problem in result['problems'][:MAX_WARNINGS]:
-        module.warn('%s: %s' % (problem['path'], problem['problem']))
-    if len(result['problems']) > MAX_WARNINGS:
-        module.warn('%d more problems, see the problems result' % (len(result['problems']) - MAX_WARNINGS))
+    removed = printable_items(removed, ('pyc', 'source'))
+    errors = printable_items(errors, ('path',))
+    problems = printable_items(result['problems'], ('path',))
+    for problem in problems[:MAX_WARNINGS]:
+        module.warn('%s: %s' % (problem['path'], shown(problem['problem'])))
+    if len(problems) > MAX_WARNINGS:
+        module.warn('%d more problems, see the problems result' % (len(problems) - MAX_WARNINGS))
     output = {
         'changed': bool(removed),
-        'removed': removed,
+        'removed': [dict(item, reason=shown(item['reason'])) for item in removed],
         'checked': result['checked'],
-        'kept': result['skipped'],
-        'problems': result['problems'],
+        'kept': [dict(item, reason=shown(item['reason'])) for item in printable_items(result['skipped'], ('pyc', 'source'))],
+        'problems': [dict(item, problem=shown(item['problem'])) for item in problems],
         'errors': errors,
-        'targets': targets,
-        'python': python_info(result),
+        'targets': printable_items(targets, ('root',)),
+        'python': info,
         'compared': result['compared'],
     }
     if module._diff:
         output['diff'] = {
             'before_header': 'bytecode of the targets that goes',
             'after_header': 'bytecode of the targets that goes',
-            'before': ''.join('%s (%s)\n' % (item['pyc'], item['reason']) for item in removed),
+            'before': ''.join('%s (%s)\n' % (item['pyc'], item['reason']) for item in output['removed']),
             'after': '',
         }
     output['elapsed_s'] = round(time.monotonic() - started, 3)

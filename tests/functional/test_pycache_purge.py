@@ -7,6 +7,7 @@ then imports the package in a fresh interpreter to see which code actually runs.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -15,7 +16,8 @@ import sys
 import pytest
 from pathlib import Path
 
-from tests.run_module import run_module
+from tests.run_module import REPO, ensure_collection_link, run_module
+from tests.sim import procinfo
 
 VENV_PY = sys.executable
 SYSTEM_PY = "/usr/bin/python3"
@@ -55,8 +57,9 @@ def compile_source(python, source, mode="TIMESTAMP", optimize=-1, env=None):
     """Compile one source with py_compile under python; returns the pyc path it wrote."""
     code = ("import py_compile, sys; print(py_compile.compile(sys.argv[1], doraise=True, optimize=int(sys.argv[3]), "
             "invalidation_mode=py_compile.PycInvalidationMode[sys.argv[2]]))")
+    # surrogateescape: a name that is not UTF-8 comes back as os.fsdecode gives it.
     out = subprocess.run([python, "-c", code, str(source), mode, str(optimize)], capture_output=True, text=True,
-                         check=True, env=env or clean_env()).stdout.strip()
+                         errors="surrogateescape", check=True, env=env or clean_env()).stdout.strip()
     return out
 
 
@@ -77,11 +80,11 @@ def imported_value(python, site, module="pkg.mod", write_bytecode=True, env=None
     return subprocess.run(args, capture_output=True, text=True, check=True, env=env or clean_env()).stdout.strip()
 
 
-def purge(params, python=VENV_PY, check=False, diff=False, env=None):
+def purge(params, python=VENV_PY, check=False, diff=False, env=None, timeout=180):
     """Run the module; python is the interpreter whose bytecode counts."""
     args = dict(params)
     args.setdefault("python", python)
-    return run_module("pycache_purge", args, check=check, diff=diff, env=env)
+    return run_module("pycache_purge", args, check=check, diff=diff, env=env, timeout=timeout)
 
 
 def reasons(result):
@@ -500,7 +503,8 @@ def unrunnable(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["no targets", "missing path", "relative path", "missing python", "not executable",
-                                  "not python", "not runnable", "bad module name"])
+                                  "not python", "not runnable", "bad module name", "timeout zero", "timeout negative",
+                                  "timeout nan", "timeout inf", "timeout huge", "timeout not a number"])
 def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
     site = tmp_path / "site"
     source = make_package(site)
@@ -516,6 +520,12 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
         "not python": ({"python": broken_interpreter(tmp_path)}, "is not a Python 3.8+ interpreter: it exited with rc 3 and said: this is not python"),
         "not runnable": ({"python": unrunnable(tmp_path)}, "python %s cannot be run: [Errno 8] Exec format error" % unrunnable(tmp_path)),
         "bad module name": ({"modules": ["pkg..mod"]}, "modules entry 'pkg..mod' is not a dotted module name"),
+        "timeout zero": ({"probe_timeout": 0}, "probe_timeout must be more than 0 seconds, got 0.0"),
+        "timeout negative": ({"probe_timeout": -5}, "probe_timeout must be more than 0 seconds, got -5.0"),
+        "timeout nan": ({"probe_timeout": "nan"}, "probe_timeout must be a finite number seconds, got nan"),
+        "timeout inf": ({"probe_timeout": "inf"}, "probe_timeout must be a finite number seconds, got inf"),
+        "timeout huge": ({"probe_timeout": 1e10}, "probe_timeout must be 86400 or less seconds, got 10000000000.0"),
+        "timeout not a number": ({"probe_timeout": "soon"}, "argument 'probe_timeout' is of type str and we were unable to convert to float"),
     }[case]
     params.update(expected[0])
 
@@ -524,3 +534,379 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
     assert result["rc"] == 1 and result["failed"] is True
     assert expected[1] in result["msg"]
     assert os.path.exists(pyc)
+
+
+# -- the probe's own failures are reported as what happened (issue 11) ------------------------
+
+def shell_wrapper(tmp_path, name, body):
+    """An executable shell script standing in for the task's python."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def many_sources(site, count=70):
+    """A package of count modules compiled by the venv's Python, one of them then patched keeping
+    size and mtime; returns that one's pyc. Enough for compare_code=always to fork its workers."""
+    package = site / "many"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    for index in range(count):
+        (package / ("m%02d.py" % index)).write_text(OLD)
+    subprocess.run([VENV_PY, "-m", "compileall", "-q", str(package)], check=True, env=clean_env(), capture_output=True)
+    patched = package / "m07.py"
+    pyc = os.path.join(str(package), "__pycache__", "m07.%s.pyc" % tag_of(VENV_PY))
+    patch_keeping_stat(patched, NEW)
+    return pyc
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare to mount over /dev/shm")
+@pytest.mark.parametrize("shm", ["read-only", "full"])
+def test_a_read_only_or_full_dev_shm_does_not_stop_the_probe(tmp_path, shm):
+    """glibc creates a POSIX semaphore (what multiprocessing's Pool needs) as a file in /dev/shm:
+    read-only gave EROFS, full gave ENOSPC, and the module said python was no Python 3.8+."""
+    pyc = many_sources(tmp_path / "site")
+    mount = {"read-only": "mount -t tmpfs -o ro,size=64k tmpfs /dev/shm",
+             "full": "mount -t tmpfs -o size=4k tmpfs /dev/shm && { head -c 65536 /dev/zero > /dev/shm/fill 2>/dev/null; true; }"}[shm]
+    # The probe alone runs in a mount namespace of its own, over a /dev/shm that cannot take a file.
+    python = shell_wrapper(tmp_path, "python-shm", "exec unshare --mount sh -c '%s || exit 97; "
+                           "if printf x > /dev/shm/w 2>/dev/null; then exit 98; fi; exec \"$0\" \"$@\"' %s \"$@\"\n"
+                           % (mount, VENV_PY))
+
+    result = purge({"paths": [str(tmp_path / "site")], "compare_code": "always"}, python=python)
+
+    assert result["rc"] == 0, result["msg"]
+    assert result["compared"] == 71
+    assert reasons(result) == {pyc: "code differs"}
+    assert not os.path.exists(pyc)
+
+
+CRASH_HOOK = '''
+import os, signal, sys, time
+ACTION = os.environ["PROBE_TEST_ACTION"]
+MAIN = os.getpid()
+
+def hook(event, args):
+    if ACTION == "worker" and event == "compile" and os.getpid() != MAIN:
+        os.kill(os.getpid(), signal.SIGKILL)  # a comparison worker dies, as under the OOM killer
+    if event != "open" or not str(args[0]).endswith(".pyc") or os.getpid() != MAIN:
+        return
+    if ACTION == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if ACTION == "exit":
+        sys.stderr.write("Fatal: disk on fire\\n")
+        sys.stderr.flush()
+        os._exit(3)
+    if ACTION == "hang":
+        time.sleep(3600)
+
+sys.addaudithook(hook)
+'''
+
+
+def crashing_python(tmp_path, action, before=""):
+    """The venv's Python with a sitecustomize that makes the probe fail as action says, once
+    it is running (at its first .pyc, or in a comparison worker)."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir(exist_ok=True)
+    (hooks / "sitecustomize.py").write_text(CRASH_HOOK)
+    return shell_wrapper(tmp_path, "python-" + action, '%sPROBE_TEST_ACTION=%s PYTHONPATH="%s:$PYTHONPATH" exec %s "$@"\n'
+                         % (before, action, hooks, VENV_PY))
+
+
+@pytest.mark.parametrize("action,said", [
+    ("segv", "was killed by signal SIGSEGV (11) before it gave a result, nothing was removed and printed nothing on stderr"),
+    ("exit", "exited with rc 3 before it gave a result, nothing was removed and said: Fatal: disk on fire"),
+])
+def test_a_probe_that_crashes_is_reported_as_what_happened(tmp_path, action, said):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    source.unlink()
+    python = crashing_python(tmp_path, action)
+
+    result = purge({"paths": [str(site)]}, python=python)
+
+    assert result["rc"] == 1 and result["failed"] is True
+    assert result["msg"] == "the probe under python %s %s" % (python, said)
+    assert os.path.exists(pyc)
+
+
+def test_an_interpreter_killed_before_the_probe_ran_is_not_called_a_non_python(tmp_path):
+    site = tmp_path / "site"
+    make_package(site)
+    python = shell_wrapper(tmp_path, "python-dies", "kill -SEGV $$\n")
+
+    result = purge({"paths": [str(site)]}, python=python)
+
+    assert result["rc"] == 1
+    assert result["msg"] == "python %s was killed by signal SIGSEGV (11) before it ran the probe and printed nothing on stderr" % python
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="comparisons are forked only with 2 CPUs or more")
+def test_a_comparison_worker_that_dies_fails_the_task_at_once(tmp_path):
+    """multiprocessing's Pool waited forever for a killed worker's share."""
+    pyc = many_sources(tmp_path / "site")
+
+    result = purge({"paths": [str(tmp_path / "site")], "compare_code": "always"},
+                   python=crashing_python(tmp_path, "worker"), timeout=120)
+
+    assert result["rc"] == 1
+    assert "a code comparison worker (pid " in result["msg"] and "was killed by signal SIGKILL (9) while comparing" in result["msg"]
+    assert os.path.exists(pyc)
+
+
+def test_a_probe_that_hangs_is_stopped_with_its_processes_at_probe_timeout(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    source.unlink()
+    pidfile = tmp_path / "sleeper"
+    # A process the probe started (it inherits the probe's stdout): it must not outlive the timeout.
+    sleeper = 'sleep 3600 & echo "$! $(cut -d" " -f22 /proc/$!/stat)" > %s\n' % pidfile
+    python = crashing_python(tmp_path, "hang", before=sleeper)
+    try:
+        result = purge({"paths": [str(site)], "probe_timeout": 5}, python=python, timeout=120)
+    finally:
+        pid, ticks = (int(field) for field in pidfile.read_text().split())
+        still_there = procinfo.alive(pid) and procinfo.start_ticks(pid) == ticks
+        if still_there:
+            os.kill(pid, 9)
+
+    assert result["rc"] == 1
+    assert result["msg"] == ("the probe under python %s did not finish within 5.0 seconds (probe_timeout); it was "
+                             "stopped with its processes, nothing was removed" % python)
+    assert not still_there, "the probe's child outlived the timeout"
+    assert os.path.exists(pyc)
+
+
+# -- names: FIFOs, '..' after a symlink, names that are not UTF-8 (issues 10 and 11) ---------
+
+def test_a_fifo_or_socket_named_like_a_source_is_never_opened(tmp_path):
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+    package = site / "pkg"
+    piped = package / "piped.py"
+    piped.write_text(OLD)
+    piped_pyc = compile_source(VENV_PY, piped, "CHECKED_HASH")  # its hash would be read from the source
+    piped.unlink()
+    os.mkfifo(piped)
+    sock = package / "sock.py"
+    sock.write_text(OLD)
+    sock_pyc = compile_source(VENV_PY, sock)
+    sock.unlink()
+    # bind() in a child, from the directory: a socket path is limited to 108 bytes.
+    subprocess.run([VENV_PY, "-c", "import os, socket, sys; os.chdir(sys.argv[1]); "
+                    "socket.socket(socket.AF_UNIX).bind('sock.py')", str(package)], check=True)
+    # A FIFO named like bytecode, beside a real source: not bytecode, never opened nor removed.
+    (package / "named.py").write_text(OLD)
+    fifo_pyc = package / "__pycache__" / ("named.%s.pyc" % tag_of(VENV_PY))
+    os.mkfifo(fifo_pyc)
+
+    result = purge({"paths": [str(site)], "compare_code": "always"}, timeout=60)
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {pyc: "code differs", piped_pyc: "source is not a regular file (FIFO)",
+                               sock_pyc: "source is not a regular file (socket)"}
+    assert result["checked"] == 3  # mod, piped, sock: the FIFO named like a pyc is not bytecode
+    assert fifo_pyc.exists() and piped.exists()
+
+
+def test_dotdot_after_a_symlink_is_the_tree_the_kernel_resolves(tmp_path):
+    """x/link/../pkg is real/pkg when link points to real/deep; normpath made it x/pkg."""
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    kernels = make_package(tmp_path / "real")
+    textual = make_package(tmp_path / "x")
+    os.symlink(tmp_path / "real" / "deep", tmp_path / "x" / "link")
+    kernels_pyc = compile_source(VENV_PY, kernels)
+    textual_pyc = compile_source(VENV_PY, textual)
+    given = str(tmp_path / "x" / "link" / ".." / "pkg")
+    assert os.path.samefile(given, tmp_path / "real" / "pkg")
+
+    result = purge({"paths": [given], "mode": "all"})
+
+    assert result["rc"] == 0, result
+    assert result["targets"] == [{"root": str(tmp_path / "real" / "pkg"), "from": "paths"}]
+    assert reasons(result) == {kernels_pyc: "mode all"}
+    assert not os.path.exists(kernels_pyc) and os.path.exists(textual_pyc)
+
+
+def assert_valid_utf8(result):
+    """What Ansible's controller requires of a result: no lone surrogate anywhere."""
+    json.dumps(result, ensure_ascii=False).encode("utf-8")
+
+
+def shown(raw):
+    """A name as the module documents it returns: each byte that is not UTF-8 as \\xNN."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def test_names_that_are_not_utf8_are_returned_escaped(tmp_path):
+    site = tmp_path / "site"
+    make_package(site)
+    package = os.fsencode(str(site / "pkg"))
+    odd_dir = package + b"/sub\xff"
+    os.mkdir(odd_dir)
+    gone = odd_dir + b"/caf\xe9.py"
+    with open(gone, "wb") as handle:
+        handle.write(OLD.encode())
+    gone_pyc = compile_source(VENV_PY, os.fsdecode(gone))
+    os.unlink(gone)
+    kept = package + b"/na\xefve.py"
+    with open(kept, "wb") as handle:
+        handle.write(OLD.encode())
+    mine = compile_source(VENV_PY, os.fsdecode(kept))
+    foreign = mine.replace(tag_of(VENV_PY), "cpython-310")
+    os.rename(mine, foreign)
+    os.symlink(package, package + b"/loop\xfe")
+
+    result = purge({"paths": [str(site)]})
+
+    assert result["rc"] == 0, result
+    assert_valid_utf8(result)
+    assert result["removed"] == [{"pyc": shown(os.fsencode(gone_pyc)), "source": shown(gone), "reason": "source missing"}]
+    assert "\\xff" in result["removed"][0]["pyc"] and "caf\\xe9" in result["removed"][0]["pyc"]
+    assert [item["pyc"] for item in result["kept"]] == [shown(os.fsencode(foreign))]
+    assert [item["path"] for item in result["problems"]] == [shown(package + b"/loop\xfe")]
+    assert not os.path.exists(gone_pyc) and os.path.exists(foreign)
+
+
+def test_a_module_found_under_a_directory_that_is_not_utf8(tmp_path):
+    site = os.fsencode(str(tmp_path)) + b"/lib\xff"
+    os.mkdir(site)
+    source = make_package(Path(os.fsdecode(site)))
+    pyc = compile_source(VENV_PY, source)
+    patch_keeping_stat(source, NEW)
+
+    result = purge({"modules": ["pkg"]}, env={"PYTHONPATH": os.fsdecode(site)})
+
+    assert result["rc"] == 0, result
+    assert_valid_utf8(result)
+    assert result["targets"] == [{"root": str(tmp_path) + "/lib\\xff/pkg", "from": "module pkg"}]
+    assert [item["pyc"] for item in result["removed"]] == [os.fsencode(pyc).decode("utf-8", "backslashreplace")]
+    assert not os.path.exists(pyc)
+
+
+def test_a_playbook_reports_bytecode_whose_name_is_not_utf8(tmp_path):
+    """Ansible's controller refused the whole result ("Refusing to deserialize an invalid UTF8
+    string value") after the module had removed the file."""
+    site = tmp_path / "site"
+    make_package(site)
+    gone = os.fsencode(str(site / "pkg")) + b"/caf\xe9.py"
+    with open(gone, "wb") as handle:
+        handle.write(OLD.encode())
+    gone_pyc = compile_source(VENV_PY, os.fsdecode(gone))
+    os.unlink(gone)
+    saved = tmp_path / "result.json"
+    playbook = tmp_path / "purge.yml"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"name": "Purge", "cleanslate.gpu.pycache_purge": {"paths": [str(site)]}, "register": "purged"},
+        {"name": "Save", "ansible.builtin.copy": {"content": "{{ purged | to_json }}", "dest": str(saved)}},
+    ]}]))
+    ensure_collection_link()
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=VENV_PY, ANSIBLE_LOCALHOST_WARNING="false")
+    proc = subprocess.run([str(Path(VENV_PY).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
+
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    result = json.loads(saved.read_text())
+    assert [item["pyc"] for item in result["removed"]] == [os.fsencode(gone_pyc).decode("utf-8", "backslashreplace")]
+    assert not os.path.exists(gone_pyc)
+
+
+# -- modules that only an import finder knows (issue 11) ---------------------------------------
+
+def test_modules_finds_an_editable_install_that_only_a_meta_path_finder_knows(tmp_path):
+    """A flat-layout `pip install -e` puts a .pth that installs setuptools' __editable__ finder on
+    sys.meta_path, with no sys.path entry for the project."""
+    venv = tmp_path / "venv"
+    subprocess.run([VENV_PY, "-m", "venv", str(venv)], check=True, env=clean_env())
+    python = str(venv / "bin" / "python")
+    project = tmp_path / "project"
+    source = make_package(project, name="edpkg")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "edpkg"\nversion = "0.1"\n\n[tool.setuptools]\npackages = ["edpkg"]\n')
+    proc = subprocess.run([python, "-m", "pip", "install", "-q", "-e", str(project)], capture_output=True, text=True,
+                          env=clean_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # The scenario is real: sys.path alone does not know the package, the interpreter does.
+    lookup = subprocess.run([python, "-c", "import importlib.machinery as m, importlib.util as u; "
+                             "print(m.PathFinder.find_spec('edpkg') is None, u.find_spec('edpkg').origin)"],
+                            capture_output=True, text=True, check=True, env=clean_env()).stdout.split()
+    assert lookup == ["True", str(source.parent / "__init__.py")]
+    pyc = compile_source(python, source)
+    patch_keeping_stat(source, NEW)
+
+    one = purge({"modules": ["edpkg.mod"]}, python=python)
+    assert one["rc"] == 0, one["msg"]
+    assert one["targets"] == [{"root": str(source), "from": "module edpkg.mod"}]
+    assert reasons(one) == {pyc: "code differs"}
+    compile_source(python, source)
+    tree = purge({"modules": ["edpkg"]}, python=python)
+    assert tree["targets"] == [{"root": str(source.parent), "from": "module edpkg"}]
+    assert imported_value(python, project, "edpkg.mod") == "new"
+
+
+BROKEN_FINDER = '''
+class BrokenFinder:
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        raise RuntimeError("package index unreachable")
+'''
+
+
+def test_an_import_finder_that_raises_is_reported_and_nothing_is_removed(tmp_path):
+    python, site = make_venv(tmp_path)
+    source = make_package(site)
+    pyc = compile_source(python, source)
+    source.unlink()
+    (site / "brokenfinder.py").write_text(BROKEN_FINDER)
+    # Last, as an editable install's finder: asked only for what sys.path does not have.
+    (site / "zz-broken.pth").write_text("import sys, brokenfinder; sys.meta_path.append(brokenfinder.BrokenFinder)\n")
+
+    result = purge({"modules": ["pkg", "absent"]}, python=python)
+
+    assert result["rc"] == 1
+    assert result["msg"] == ("module 'absent' cannot be looked up: the import finder brokenfinder.BrokenFinder failed "
+                             "on 'absent': RuntimeError: package index unreachable")
+    assert os.path.exists(pyc)
+
+
+def test_a_namespace_package_inside_a_package_is_found(tmp_path):
+    """A directory without __init__.py inside a package: its lookup needed the parent imported."""
+    python, site = make_venv(tmp_path)
+    source = make_package(site)
+    plugins = source.parent / "plugins"
+    plugins.mkdir()
+    extra = plugins / "extra.py"
+    extra.write_text(OLD)
+    pyc = compile_source(python, extra)
+    patch_keeping_stat(extra, NEW)
+
+    result = purge({"modules": ["pkg.plugins"]}, python=python)
+
+    assert result["rc"] == 0, result["msg"]
+    assert result["targets"] == [{"root": str(plugins), "from": "module pkg.plugins"}]
+    assert reasons(result) == {pyc: "code differs"}
+
+
+def test_what_a_pth_file_or_a_finder_prints_does_not_break_the_result(tmp_path):
+    python, site = make_venv(tmp_path)
+    source = make_package(site)
+    pyc = compile_source(python, source)
+    source.unlink()
+    (site / "chatty.py").write_text(
+        "import sys\n\nclass ChattyFinder:\n    @classmethod\n    def find_spec(cls, fullname, path=None, target=None):\n"
+        "        sys.stdout.write('looking for %s' % fullname)\n        return None\n")
+    # Startup output without a newline, then a finder asked first for every name.
+    (site / "chatty.pth").write_text("import sys, chatty; sys.stdout.write('hello from a .pth'); "
+                                     "sys.meta_path.insert(0, chatty.ChattyFinder)\n")
+
+    result = purge({"modules": ["pkg"]}, python=python)
+
+    assert result["rc"] == 0, result["msg"]
+    assert reasons(result) == {pyc: "source missing"}

@@ -2,6 +2,7 @@
 and the module's own safety check on what may be removed."""
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import subprocess
@@ -180,3 +181,65 @@ def test_only_pyc_inside_pycache_under_a_target_may_go(tmp_path, pyc, allowed):
                {"root": str(tmp_path / "other" / "mod.py"), "from": "paths"}]
     path = os.path.join(str(tmp_path), pyc.format(root=str(tmp_path).lstrip("/")))
     assert pycache_purge.removable(path, targets, str(tmp_path / "prefix")) is allowed
+
+
+def test_dotdot_is_resolved_where_the_kernel_is(tmp_path):
+    """'link/..' goes up from link's target, as open() does; os.path.normpath drops it as text."""
+    (tmp_path / "real" / "deep").mkdir(parents=True)
+    (tmp_path / "real" / "pkg").mkdir()
+    (tmp_path / "x").mkdir()
+    os.symlink(tmp_path / "real" / "deep", tmp_path / "x" / "link")
+    given = "%s/x/link/../pkg/." % tmp_path
+    assert probe.resolve_path(given) == str(tmp_path / "real" / "pkg")
+    assert os.path.samefile(probe.resolve_path(given), given)
+    # Other links stay as spelled: PYTHONPYCACHEPREFIX keys bytecode by the path as given.
+    assert probe.resolve_path("%s/x//link/./" % tmp_path) == str(tmp_path / "x" / "link")
+    assert probe.resolve_path("/..") == "/"
+
+
+def test_a_module_under_a_dotdot_path_entry_is_the_kernels(tmp_path):
+    make_tree(tmp_path / "real", importing_fails=False)
+    (tmp_path / "real" / "deep").mkdir()
+    (tmp_path / "x").mkdir()
+    os.symlink(tmp_path / "real" / "deep", tmp_path / "x" / "link")
+    entry = "%s/x/link/.." % tmp_path
+    assert probe.resolve_module("pkg.sub", [entry]) == [str(tmp_path / "real" / "pkg" / "sub")]
+
+
+def test_a_namespace_package_inside_a_package_resolves_without_importing_the_parent(tmp_path):
+    """PathFinder builds a namespace path from its parent's __path__, read from sys.modules:
+    with the parent not imported this raised KeyError and the probe died."""
+    package = make_tree(tmp_path)
+    (package / "plugins").mkdir()
+    (package / "plugins" / "extra.py").write_text("")
+    assert probe.resolve_module("pkg.plugins", [str(tmp_path)]) == [str(package / "plugins")]
+    assert probe.resolve_module("pkg.plugins.extra", [str(tmp_path)]) == [str(package / "plugins" / "extra.py")]
+    assert "pkg" not in sys.modules and "pkg.plugins" not in sys.modules
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket"])
+def test_a_file_that_is_not_regular_is_refused_without_being_opened(tmp_path, kind):
+    path = tmp_path / "m.py"
+    if kind == "fifo":
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    else:
+        subprocess.run([sys.executable, "-c", "import os, socket, sys; os.chdir(sys.argv[1]); "
+                        "socket.socket(socket.AF_UNIX).bind('m.py')", str(tmp_path)], check=True)
+    with pytest.raises(probe.NotRegularFile, match={"fifo": r"\(FIFO\)", "socket": r"\(socket\)"}[kind]):
+        probe.read_regular(str(path))
+
+
+def test_a_regular_file_is_read_in_full_or_up_to_a_size(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_bytes(b"x" * 3000000)
+    data, info = probe.read_regular(str(path))
+    assert data == b"x" * 3000000 and info.st_size == 3000000
+    assert probe.read_regular(str(path), 16)[0] == b"x" * 16
+
+
+@pytest.mark.parametrize("raw", [b"/site/plain.py", b"/site/caf\xc3\xa9.py", b"/site/bad\xff\xfe.py"])
+def test_names_travel_as_wire_text_and_come_back_as_the_same_bytes(raw):
+    name = os.fsdecode(raw)
+    wire = probe.to_wire(name)
+    assert json.loads(json.dumps(wire)) == wire  # survives the probe's JSON
+    assert os.fsencode(probe.from_wire(wire)) == raw
