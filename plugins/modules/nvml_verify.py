@@ -14,12 +14,21 @@ description:
   - Reads NVML (through C(pynvml)) every O(poll_interval) seconds until every selected check passes on
     every selected GPU, or O(timeout) expires. There is no fixed sleep; the task returns as soon as the
     last holder's memory is released.
+  - O(timeout) bounds the whole task, C(nvmlInit) and every read included, however slowly NVML answers;
+    the result then names the NVML call, and the GPU, that had not answered (RV(unfinished_call)).
+  - Polling stops at once when a problem shows that no wait can clear (a lost GPU, ECC errors, pending
+    row remaps or retired pages, a GPU count other than O(expected_count)); the message says so.
+  - The selected GPUs are pinned on the first read, by their UUID and PCI bus id, and read through the
+    handles NVML gave for them then; GPUs that are not selected are never touched, so one that hangs or
+    is lost cannot block or fail a selection that leaves it out.
   - Memory is read through the v2 structure, whose C(used) excludes driver-reserved memory (an idle H200
     reads 615 MiB used through v1 and 0 MiB through v2).
   - Each process NVML lists is marked whether its pid exists here. Inside a container NVML hides other
     namespaces' pids while C(used) still counts their memory, and on a host NVML can list a dead parent
     while its forked child holds the memory; both show as memory used with no visible process.
-  - Every NVML call is bounded by O(call_timeout), since a GPU in a bad state can hang a driver call.
+  - Every NVML call is also bounded by O(call_timeout), since a GPU in a bad state can hang a driver call.
+  - "Every problem, in RV(gpus[].problems) and in the message, starts with the GPU's index, UUID and PCI
+    bus id, for example C(GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): ...)."
   - Read-only. C(changed) is always false; check mode runs the same checks.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
@@ -40,19 +49,31 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs to verify, as indices or UUIDs (C(GPU-...)). All GPUs when empty.
-      - An unknown GPU fails the task with the list of valid indices and UUIDs.
+      - GPUs to verify, as NVML indices (V(0)), UUIDs (V(GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77)) or PCI
+        bus ids in any form NVML accepts (V(00000000:18:00.0), V(0000:18:00.0), V(18:00.0)). All GPUs when empty.
+      - An index names a position in NVML's enumeration, which a GPU missing at driver load shifts. It is
+        resolved once, on the first read; from then on the GPU is followed by its handle, UUID and PCI bus
+        id, so a GPU that falls off the bus during the task is reported lost under its own name and never
+        replaced by the card that takes its index. When NVML lists fewer GPUs than O(expected_count) and a
+        GPU is given by index, the task fails whatever the checks, since the index may name another card;
+        select by UUID or PCI bus id to be safe from that.
+      - A UUID or PCI bus id of a lost GPU selects it (and reports it lost). An entry that is none of the three
+        forms fails the task before NVML is touched; a GPU this host does not have fails it with the list of
+        the GPUs there are.
     type: list
     elements: str
     default: []
   expected_count:
     description:
-      - Number of GPUs this host must have. Fewer means a GPU fell off the bus (check C(dmesg) for Xid 79).
-      - When not set, the V(count) check fails only on a GPU that NVML reports lost.
+      - Number of GPUs NVML must list on this host, 1 or more. Fewer means a GPU was not probed when the driver
+        loaded, often after it fell off the bus (check C(dmesg) for Xid 79).
+      - A GPU that falls off the bus while the driver is loaded stays listed; it is reported lost when selected.
     type: int
   max_memory_used_mib:
     description:
       - Highest v2 C(used) memory, in MiB, that still counts as clean. v2 C(used) excludes driver-reserved memory.
+      - 0 or more, and below each selected GPU's total memory (a limit no GPU can exceed would pass any GPU;
+        leave V(memory) out of O(checks) instead).
     type: int
     default: 16
   allow_processes:
@@ -62,25 +83,29 @@ options:
     default: false
   timeout:
     description:
-      - Seconds to keep polling before failing. V(0) checks once.
+      - Seconds the whole task may take, from before C(nvmlInit) to the last read, 0 to 86400. A read it cuts
+        short fails the task, naming the NVML call still running (RV(unfinished_call)).
+      - V(0) reads once, and gives that one read O(call_timeout) seconds in all.
     type: float
     default: 30
   poll_interval:
     description:
-      - Seconds between two NVML reads while polling.
+      - Seconds from the start of one NVML read to the start of the next, more than 0 and at most 3600.
     type: float
     default: 0.1
   call_timeout:
     description:
-      - Seconds one NVML call may take before the GPU or driver is declared hung and the task fails.
+      - Seconds one NVML call may take before the GPU or driver is declared hung and the task fails, more than
+        0 and at most 3600. Each call's limit is the smaller of this and the time O(timeout) leaves.
     type: float
     default: 5
   checks:
     description:
-      - Which checks must pass.
+      - Which checks must pass; at least one (with none, any GPU would pass).
+      - A selected GPU that NVML cannot reach (lost) fails whatever the checks.
       - V(memory) compares v2 C(used) with O(max_memory_used_mib).
       - V(processes) fails while NVML lists any process, unless O(allow_processes).
-      - V(count) compares the number of reachable GPUs with O(expected_count) and fails on a lost GPU.
+      - V(count) compares the number of GPUs NVML lists with O(expected_count), and fails when NVML lists none.
       - V(ecc) fails on uncorrected volatile ECC errors.
       - V(remapped_rows) fails on a pending or failed row remapping.
       - V(retired_pages) fails on retired pages pending; C(Not Supported) passes.
@@ -97,7 +122,7 @@ EXAMPLES = r"""
 
 - name: Verify two GPUs, allowing a monitoring process, with a longer wait
   cleanslate.gpu.nvml_verify:
-    gpus: [0, "GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77"]
+    gpus: ["GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77", "0000:2a:00.0"]
     allow_processes: true
     max_memory_used_mib: 512
     timeout: 120
@@ -115,59 +140,79 @@ ok:
   type: bool
   sample: true
 waited_s:
-  description: Seconds from the first NVML read until the checks passed or O(timeout) expired.
-  returned: always
+  description: Seconds from the start (before C(nvmlInit)) until the checks passed, a problem no wait can clear
+    showed, or time ran out.
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: float
   sample: 0.31
 polls:
-  description: Number of NVML reads made.
-  returned: always
+  description: Number of complete reads of the selected GPUs (a read that O(timeout) cut short is not counted).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: int
   sample: 4
+unfinished_call:
+  description:
+    - The NVML call that had not returned when O(timeout) ran out (C(cause) V(timeout)) or that outlasted
+      O(call_timeout) (V(call_timeout)); null when every call returned.
+    - C(index), C(uuid) and C(pci_bus_id) name its GPU (null for a call on the whole system, such as
+      C(nvmlInit)); C(running_s) is how long it had run (null when time ran out between two calls).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
+  type: dict
+  sample: {"call": "nvmlDeviceGetMemoryInfo_v2", "index": 0, "uuid": "GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77",
+           "pci_bus_id": "00000000:18:00.0", "running_s": 0.98, "cause": "timeout"}
 driver_version:
   description: NVIDIA driver version reported by NVML.
   returned: when NVML could be read
   type: str
   sample: "570.133.20"
 count:
-  description: Number of GPUs NVML lists, lost ones included.
+  description: Number of GPUs NVML lists at the last read; a GPU lost while the driver is loaded still counts.
   returned: when NVML could be read
   type: int
   sample: 8
 problems:
-  description: Problems of the host as a whole (a GPU count below O(expected_count)), as plain sentences.
-  returned: always
+  description: Problems of the host as a whole (a GPU count other than O(expected_count), an NVML call on the whole
+    system that did not return in time), as plain sentences.
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: list
   elements: str
-  sample: ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or the driver did not bind it; check dmesg for Xid 79, then reboot."]
+  sample: ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or was not probed when the driver loaded; check
+            dmesg for Xid 79 or 'fallen off the bus', then reboot."]
 gpus:
-  description: The selected GPUs, as last read.
-  returned: always
+  description: The selected GPUs, each once, in index order, as last read (a GPU not read yet has null readings).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: list
   elements: dict
   contains:
     index:
-      description: NVML index.
+      description: NVML index when the GPU was pinned (on the first read); null for a GPU selected by UUID or PCI
+        bus id that was already lost then.
       type: int
       returned: always
       sample: 0
     uuid:
-      description: GPU UUID; null for a lost GPU.
+      description: GPU UUID; null for a GPU lost before NVML told it (selected by index or PCI bus id).
       type: str
       returned: always
       sample: GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77
     name:
-      description: Product name; null for a lost GPU.
+      description: Product name; null for a GPU lost before NVML told it.
       type: str
       returned: always
       sample: NVIDIA H200
     pci_bus_id:
-      description: PCI bus id; null for a lost GPU.
+      description: PCI bus id, as NVML writes it; null for a GPU lost before NVML told it (selected by index or UUID).
       type: str
       returned: always
       sample: "00000000:18:00.0"
+    minor_number:
+      description: The N of its device file C(/dev/nvidiaN), which unlike the index does not shift; null when
+        unknown.
+      type: int
+      returned: always
+      sample: 0
     memory_used_mib:
-      description: v2 C(used) memory in MiB, driver-reserved memory excluded.
+      description: v2 C(used) memory in MiB, driver-reserved memory excluded; null when not read.
       type: int
       returned: always
       sample: 0
@@ -213,11 +258,13 @@ gpus:
       returned: always
       sample: null
     problems:
-      description: What is wrong with this GPU and what to do, as plain sentences; empty when clean.
+      description: What is wrong with this GPU and what to do, as plain sentences that start with the GPU's index,
+        UUID and PCI bus id; empty when clean.
       type: list
       elements: str
       returned: always
-      sample: []
+      sample: ["GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): 3 uncorrected volatile ECC errors:
+                drain the GPU, check dmesg for Xid 48/63/94/95, then reset the GPU (nvidia-smi -r -i 3) or reboot."]
 """
 
 import time
