@@ -284,9 +284,8 @@ def parse_selector(selector):
         return ("uuid", "GPU-" + text[4:].lower())
     match = _BUS_ID.match(text)
     if match and (match.group(1) is not None or match.group(4) is not None):  # "18:00" alone is not a form
-        domain, bus, device, function = match.groups()
-        return ("pci_bus_id", "%08X:%02X:%02X.%X" % (int(domain or "0", 16), int(bus, 16), int(device, 16),
-                                                      int(function or "0", 16)))
+        numbers = [int(part or "0", 16) for part in match.groups()]  # domain, bus, device, function
+        return ("pci_bus_id", "%08X:%02X:%02X.%X" % tuple(numbers))
     return None
 
 
