@@ -302,6 +302,7 @@ ARGUMENT_SPEC = dict(
 MAX_TIMEOUT_S = 86400
 MAX_CALL_TIMEOUT_S = 3600
 MAX_POLL_INTERVAL_S = 3600
+READ_MARGIN_S = 0.05  # time a read may take beyond twice the last one before the deadline cuts it
 
 RESET_HINT = "reset the GPU (nvidia-smi -r -i {index}) or reboot"
 GPU_KEYS = ("index", "uuid", "name", "pci_bus_id", "minor_number")
@@ -456,9 +457,11 @@ def evaluate(gpus, count, params, unfinished=None):
     host = []
     if unfinished is not None and not any(
             unfinished.gpu and _same_gpu(unfinished.gpu, gpu) for gpu in reported):
-        host.append(str(unfinished) if unfinished.gpu else unfinished_problem(unfinished, params))
+        # A call on the whole system, or on a GPU before it was pinned.
+        prefix = describe_gpu(unfinished.gpu) + ": " if unfinished.gpu else ""
+        host.append(prefix + unfinished_problem(unfinished, params))
     expected = params["expected_count"]
-    by_index = any(parse_selector(selector)[0] == "index" for selector in params["gpus"])
+    by_index = any((parse_selector(selector) or ("",))[0] == "index" for selector in params["gpus"])
     if count is not None and expected is not None and count != expected:
         # Fewer GPUs also shifts every index after the missing one: an index may name another card.
         shifted = by_index and count < expected
@@ -523,9 +526,12 @@ def verify(params):
                 count = read.pop("count", count)
                 for position, values in read.items():
                     gpus[position].update(values)
+            took = time.monotonic() - began
             reported, host, ok, lasting = evaluate(gpus, count, params)
             next_read = began + params["poll_interval"]
-            if ok or lasting or timeout == 0 or next_read >= start + timeout:
+            # Start a read only when it can end before the deadline (twice the last one's time,
+            # and a margin): one cut short by the deadline would blame NVML for being slow.
+            if ok or lasting or timeout == 0 or next_read + 2 * took + READ_MARGIN_S >= start + timeout:
                 break
             time.sleep(max(0.0, next_read - time.monotonic()))
     except NvmlTimeout as exc:

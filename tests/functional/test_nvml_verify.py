@@ -429,6 +429,19 @@ def test_timeout_zero_gives_its_one_read_call_timeout_in_all(fake_nvml):
     assert result["waited_s"] < 20  # one full read would take 8 x 4 x 0.8 = 26 s
 
 
+def test_a_read_is_not_started_when_it_cannot_end_before_the_timeout(fake_nvml, holders):
+    # Each read of GPU 0 takes at least 0.2 s (4 slow calls); reads would start every 0.3 s. The
+    # last one must not start so late that the timeout cuts it and blames NVML for being slow.
+    holder = holders()
+    fake_nvml.register(holder.pid, 0, 500)
+    fake_nvml.inject("hang", gpu=0, seconds=0.05)
+    result = verify(fake_nvml, gpus=["0"], timeout=1, poll_interval=0.3)
+    assert result["rc"] != 0 and result["polls"] >= 1
+    assert result["unfinished_call"] is None
+    assert result["msg"].startswith("GPUs not clean after ")
+    assert result["gpus"][0]["problems"][0].startswith(label(fake_nvml, 0) + ": NVML lists compute process")
+
+
 # ----- selection: pinned to the card, unselected GPUs untouched -----
 
 @pytest.mark.parametrize("fault", ["gpu_removed", "gpu_lost"])

@@ -367,6 +367,16 @@ def test_an_unfinished_system_call_is_a_host_problem():
         " NVML is only slow."]
 
 
+def test_an_unfinished_call_on_a_gpu_not_pinned_yet_is_a_host_problem_named_for_that_gpu():
+    exc = _nvml.NvmlTimeout("nvmlDeviceGetUUID", {"index": 2, "uuid": None, "pci_bus_id": None}, 5.0, 5.0,
+                            "call_timeout")
+    _reported, host, ok, _lasting = nvml_verify.evaluate([], 4, params(), exc)
+    assert not ok and host == [
+        "GPU 2 (UUID unknown, PCI bus id unknown): NVML call nvmlDeviceGetUUID did not return within 5 s"
+        " (call_timeout): the GPU or its driver is hung; check dmesg for Xid errors, then reset the GPU"
+        " (nvidia-smi -r -i 2) or reboot."]
+
+
 def test_failure_message_names_each_failing_gpu_only(gpus):
     gpus[1]["ecc_uncorrected_volatile"] = 5
     reported, host, _ok, _lasting = nvml_verify.evaluate(gpus, 4, params())
