@@ -83,8 +83,9 @@ options:
     default: false
   timeout:
     description:
-      - Seconds the whole task may take, from before C(nvmlInit) to the last read, 0 to 86400. A read it cuts
-        short fails the task, naming the NVML call still running (RV(unfinished_call)).
+      - Seconds the whole task may take, from before C(nvmlInit) to the last read, 0 to 86400. A read is started
+        only when it can end in time (judged by the last one); a read it cuts short fails the task, naming the
+        NVML call still running (RV(unfinished_call)).
       - V(0) reads once, and gives that one read O(call_timeout) seconds in all.
     type: float
     default: 30
