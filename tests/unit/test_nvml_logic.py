@@ -231,13 +231,13 @@ def test_sink_keeps_what_came_before_close_only():
 
 @pytest.mark.parametrize("overrides, expected", [
     ({"timeout": -0.5}, ["timeout must be 0 or more seconds, got -0.5"]),
-    ({"timeout": float("nan")}, ["timeout must be a finite number seconds, got nan"]),
+    ({"timeout": float("nan")}, ["timeout must be a finite number of seconds, got nan"]),
     ({"timeout": 86400.5}, ["timeout must be 86400 or less seconds, got 86400.5"]),
     ({"poll_interval": 0.0}, ["poll_interval must be more than 0 seconds, got 0.0"]),
-    ({"poll_interval": float("inf")}, ["poll_interval must be a finite number seconds, got inf"]),
+    ({"poll_interval": float("inf")}, ["poll_interval must be a finite number of seconds, got inf"]),
     ({"call_timeout": -1.0}, ["call_timeout must be more than 0 seconds, got -1.0"]),
     ({"max_memory_used_mib": -1}, ["max_memory_used_mib must be 0 or more MiB, got -1"]),
-    ({"max_memory_used_mib": True}, ["max_memory_used_mib must be a number MiB, got True"]),
+    ({"max_memory_used_mib": True}, ["max_memory_used_mib must be a number of MiB, got True"]),
     ({"expected_count": 0}, ["expected_count must be 1 or more, got 0"]),
     ({"checks": []}, ["checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
                       " remapped_rows, retired_pages"]),
