@@ -191,8 +191,8 @@ def _run(name: str, hosts: dict, role_vars: dict, tmp_path: Path, *args) -> tupl
     (BROKEN, "failed at gpu_reset", 2),
     (DEAD, "unreachable", 4),
 ])
-def test_the_report_is_written_when_every_host_fails_and_the_run_still_fails(tmp_path, playbook, host, status,
-                                                                               returncode):
+def test_the_report_is_written_when_every_host_fails_and_the_run_still_fails(
+        tmp_path, playbook, host, status, returncode):
     """With every host failed (a step error) or unreachable, Ansible used to end the run before
     the report play. The report lists the host, and the exit status still says what happened."""
     proc, rows = _run(playbook, {"only-node": host}, {}, tmp_path)
@@ -308,3 +308,23 @@ def test_verify_does_not_call_a_host_clean_when_a_reset_would_remove_bytecode(cr
     assert row["status"] == "dirty" and row["bytecode_removed"] == 1 and row["killed"] == 0, row
     assert row["problems"] == ["a reset would remove 1 bytecode file(s)"], row
     assert Path(manifest["site_packages"]["pyc"]).exists()
+
+
+@pytest.mark.parametrize("host, returncode, message", [
+    (BROKEN, 2, "failed at gpu_reset: "),
+    (DEAD, 4, "UNREACHABLE!"),
+])
+def test_the_role_on_its_own_still_fails_the_host(tmp_path, host, returncode, message):
+    """Outside the playbooks, node_reset_fail_host keeps its default (true): a failed step fails
+    the host (after node_reset_result is set) and an unreachable host is unreachable."""
+    playbook = tmp_path / "own.yml"
+    playbook.write_text(json.dumps([{
+        "name": "My own play", "hosts": "gpu_nodes", "gather_facts": False,
+        "roles": [{"role": "cleanslate.gpu.node_reset"}],
+        "post_tasks": [{"name": "Never reached", "ansible.builtin.debug": {"msg": "went on"}}]}]))
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"only-node": host}}}}}))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(inventory)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == returncode, proc.stdout[-3000:]
+    assert message in proc.stdout and "went on" not in proc.stdout, proc.stdout[-3000:]
