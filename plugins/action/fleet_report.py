@@ -101,6 +101,12 @@ def mib_freed(before: list, after: list) -> dict:
     return freed
 
 
+def _names_lost(problem: str, gpu: dict) -> bool:
+    """True when a problem sentence already says that this GPU is lost."""
+    named = problem.startswith("GPU %s " % gpu["index"]) or bool(gpu.get("uuid") and gpu["uuid"] in problem)
+    return named and " lost" in problem
+
+
 def lost_gpus(before: list, after: list, listed_after) -> list:
     """The GPUs the last NVML check could not read: {index, uuid}.
 
@@ -154,11 +160,11 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
     freed = mib_freed(before, after)
     lost = lost_gpus(before, after, verify.get("count") if _ran(verify) else None)
     problems = [str(problem) for problem in result.get("problems") or []]
-    # NVML's own sentence (in problems) may not say which GPU: a GPU gone from the bus only
-    # lowers the count. Name it.
+    # nvml_verify names a GPU it selected and found lost ("GPU 0 (...): lost (NVML: ...)"); a GPU
+    # gone from the bus altogether only lowers NVML's count, so the report names that one itself.
     problems += ["GPU %s (%s) is lost: NVML read it before the reset and cannot read it now."
                  % (gpu["index"], gpu["uuid"] or "UUID unknown") for gpu in lost
-                 if not any(str(problem).startswith("GPU %s is lost" % gpu["index"]) for problem in problems)]
+                 if not any(_names_lost(problem, gpu) for problem in problems)]
     if result.get("error"):
         problems.append(str(result["error"]))
     row = {

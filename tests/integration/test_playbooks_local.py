@@ -250,7 +250,7 @@ LOSE_GPU_0 = """
 import os, signal, sys, time
 from tests.fixtures.fake_nvml import FakeNvml
 def fall_off_the_bus(signum, frame):
-    FakeNvml(sys.argv[1]).inject("gpu_lost", gpu=0)
+    FakeNvml(sys.argv[1]).inject(sys.argv[3], gpu=0)
     os._exit(0)
 signal.signal(signal.SIGTERM, fall_off_the_bus)
 print("ready", flush=True)
@@ -259,13 +259,16 @@ while True:
 """
 
 
-def test_a_gpu_lost_during_the_reset_is_reported_lost_with_nvmls_sentence(crashed_node, tmp_path):
+@pytest.mark.parametrize("fault", ["gpu_lost", "gpu_removed"])
+def test_a_gpu_lost_during_the_reset_is_reported_lost_with_nvmls_sentence(crashed_node, tmp_path, fault):
     """GPU 0 falls off the bus while the reset runs (here: when a process the reset stops gets
-    its SIGTERM). The report says the GPU is lost, in NVML's words, and counts the MiB freed on
-    the GPUs it could still read, instead of failing on a template error."""
+    its SIGTERM), either still counted by NVML but unreadable (gpu_lost) or gone from the
+    enumeration with the others renumbered (gpu_removed). The report says once that GPU 0 is lost,
+    and counts the MiB freed on the GPUs it could still read, instead of failing on a template
+    error."""
     manifest = crashed_node
     marker = "cleanslate-test-lose-gpu-0-%d" % os.getpid()
-    loser = subprocess.Popen([sys.executable, "-c", LOSE_GPU_0, manifest["nvml"]["state_dir"], marker],
+    loser = subprocess.Popen([sys.executable, "-c", LOSE_GPU_0, manifest["nvml"]["state_dir"], marker, fault],
                              cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
     try:
         assert loser.stdout.readline() == "ready\n"
@@ -282,12 +285,16 @@ def test_a_gpu_lost_during_the_reset_is_reported_lost_with_nvmls_sentence(crashe
     row = rows["simulated-node"]
     lost_uuid = FakeNvml(manifest["nvml"]["state_dir"]).gpus()[0]["uuid"]
     assert row["status"] == "dirty" and not row["ok"], row
-    # The fake NVML, like a GPU that fell off the bus, stops listing it and renumbers the others.
     assert [gpu["index"] for gpu in row["gpus_lost"]] == [0], row
     assert all(gpu["uuid"] in (lost_uuid, None) for gpu in row["gpus_lost"]), row
-    assert any(problem.startswith("GPU 0 ") and " is lost" in problem for problem in row["problems"]), row["problems"]
-    # nvml_verify's own account (the count NVML reaches) is kept beside the report's sentence.
-    assert [problem for problem in row["problems"] if not problem.startswith("GPU 0 (")], row["problems"]
+    about_gpu0 = [problem for problem in row["problems"] if problem.startswith("GPU 0 ")]
+    assert len(about_gpu0) == 1 and "lost" in about_gpu0[0], row["problems"]
+    if fault == "gpu_lost":
+        # nvml_verify selected it and says so in NVML's words.
+        assert "NVML: GPU is lost" in about_gpu0[0], row["problems"]
+    else:
+        # NVML no longer lists it: the report names it from the reading before the reset.
+        assert lost_uuid in about_gpu0[0], row["problems"]
     # MiB freed only where a GPU was read after the reset, each against its own reading.
     assert sorted(row["mib_freed_per_gpu"]) == ["1", "2", "3"], row
     assert row["mib_freed"] == sum(row["mib_freed_per_gpu"].values()) > 0, row
