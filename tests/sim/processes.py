@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import procinfo
+from . import devices, procinfo
 from .procinfo import SimError
 
 PROGRAM = Path(__file__).with_name("program.py")
@@ -23,9 +23,19 @@ READY_TIMEOUT = 120.0  # generous: tests share two cores with other suites
 LAUNCHERS = {}  # root -> Popen of its init, kept so that clean() can reap it
 
 
-def gpu_holder(dev_dir: Path, gpu: int) -> list:
-    """What a CUDA process keeps open: its GPU, the control device and UVM."""
-    return [str(dev_dir / ("nvidia%d" % gpu)), str(dev_dir / "nvidiactl"), str(dev_dir / "nvidia-uvm")]
+UNPINNED_MIB = 8000
+
+
+def opened(dev_dir: Path, gpus: int) -> list:
+    """What every process that touches the driver opens: every device file."""
+    return [str(dev_dir / name) for name in devices.names(gpus)]
+
+
+def context(dev_dir: Path, gpus: int, visible: list) -> dict:
+    """A CUDA process's device files: all open, and mapped for each GPU visible to it (its
+    context may be on one of them only) plus the control device and UVM."""
+    maps = [str(dev_dir / ("nvidia%d" % gpu)) for gpu in visible]
+    return {"devices": opened(dev_dir, gpus), "maps": maps + [str(dev_dir / "nvidiactl"), str(dev_dir / "nvidia-uvm")]}
 
 
 def plan(root: Path, gpus: int, tp: int, mapped: str, shm_dir: Path) -> dict:
@@ -37,23 +47,30 @@ def plan(root: Path, gpus: int, tp: int, mapped: str, shm_dir: Path) -> dict:
     }
     for rank in range(tp):
         # vLLM's TP workers are titled VLLM::Worker_TP<rank>; the kernel keeps 15 chars.
-        spec["worker_%d" % rank] = {"role": "worker", "name": "VLLM::Worker_TP%d" % rank, "parent": "api_server",
-                                    "devices": gpu_holder(dev, rank), "gpus": [rank], "mib": WORKER_MIB}
+        spec["worker_%d" % rank] = dict(context(dev, gpus, [rank]), role="worker", name="VLLM::Worker_TP%d" % rank,
+                                        parent="api_server", gpus=[rank], mib=WORKER_MIB)
     # rank 0 also keeps a torch segment named after its own pid open (an in-use segment by fd)
     spec["worker_0"].update(open_shm_dir=str(shm_dir), token="%d" % secrets.randbits(31))
-    orphan_gpu, ignorer_gpu = tp % gpus, (tp + 1) % gpus
+    orphan_gpu, ignorer_gpu, unpinned_gpu = tp % gpus, (tp + 1) % gpus, (tp + 2) % gpus
     spec.update({
         # The engine's parent exits at once, so the engine core is re-parented.
         "engine_parent": {"role": None, "name": "vllm", "parent": "launcher", "exit_after_children": True},
-        "orphan_worker": {"role": "orphan_worker", "name": "VLLM::EngineCore", "parent": "engine_parent",
-                          "devices": gpu_holder(dev, orphan_gpu), "gpus": [orphan_gpu], "mib": ORPHAN_MIB},
-        "term_ignorer": {"role": "term_ignorer", "name": "sglang::scheduler_TP0", "parent": "launcher",
-                         "ignore_sigterm": True, "devices": gpu_holder(dev, ignorer_gpu), "gpus": [ignorer_gpu],
-                         "mib": IGNORER_MIB},
+        "orphan_worker": dict(context(dev, gpus, [orphan_gpu]), role="orphan_worker", name="VLLM::EngineCore",
+                              parent="engine_parent", gpus=[orphan_gpu], mib=ORPHAN_MIB),
+        "term_ignorer": dict(context(dev, gpus, [ignorer_gpu]), role="term_ignorer", name="sglang::scheduler_TP0",
+                             parent="launcher", ignore_sigterm=True, gpus=[ignorer_gpu], mib=IGNORER_MIB),
+        # Every GPU visible (no CUDA_VISIBLE_DEVICES), its context on one: it maps every GPU's
+        # file while NVML lists it on that one GPU only.
+        "unpinned_worker": dict(context(dev, gpus, list(range(gpus))), role="unpinned_worker",
+                                name="sglang::unpinned", parent="launcher", gpus=[unpinned_gpu], mib=UNPINNED_MIB),
+        # A monitoring agent (an exporter, a device plugin): it opens every device file and maps
+        # none, like any NVML client. It holds no GPU memory and is not protected by name.
+        "monitor": {"role": "monitor", "name": "gpu-monitor", "parent": "launcher", "devices": opened(dev, gpus)},
         "bystander": {"role": "bystander", "name": None, "parent": "launcher"},
-        # argv[0] as the real daemon's, so psutil's name() gives the full 19-char name.
+        # argv[0] as the real daemon's, so psutil's name() gives the full 19-char name. It maps
+        # the control device: a daemon that would be a target were it not protected by name.
         "persistenced": {"role": "persistenced", "name": "nvidia-persistenced", "argv0": "nvidia-persistenced",
-                         "parent": "launcher", "devices": [str(dev / "nvidiactl")]},
+                         "parent": "launcher", "devices": [str(dev / "nvidiactl")], "maps": [str(dev / "nvidiactl")]},
         "shm_mapper": {"role": "shm_mapper", "name": "shm-mapper", "parent": "launcher",
                        "map_only": {"path": mapped, "size": Path(mapped).stat().st_size}},
     })
@@ -136,7 +153,8 @@ def describe(spec: dict, ready: dict) -> dict:
         pid = ready[key]["pid"]
         entry = {"pid": pid, "create_time": procinfo.create_time(pid), "name": procinfo.comm(pid),
                  "cmdline": procinfo.cmdline(pid), "ppid": procinfo.ppid(pid),
-                 "devices": item.get("devices", []), "gpus": item.get("gpus", []), "mib": item.get("mib", 0)}
+                 "devices": item.get("devices", []), "maps": item.get("maps", []), "gpus": item.get("gpus", []),
+                 "mib": item.get("mib", 0)}
         if item["parent"] != "launcher":
             entry["parent_pid"] = ready[item["parent"]]["pid"]
         if "open_shm" in ready[key]:

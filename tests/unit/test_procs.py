@@ -135,10 +135,10 @@ def test_read_stat_keeps_a_comm_with_spaces_and_parentheses(started):
 def test_terminate_uses_sigterm_then_sigkill_for_an_ignorer(started):
     polite, stubborn = _start(SLEEP), _start(IGNORE_TERM)
     started.extend([polite, stubborn])
-    ended, survivors, signalled = _procs.terminate(
+    outcome = _procs.terminate(
         [(polite.pid, _starttime(polite.pid)), (stubborn.pid, _starttime(stubborn.pid))], 0.5, 30)
-    assert survivors == [] and signalled == 2
-    assert dict((e["pid"], e["signal"]) for e in ended) == {polite.pid: "SIGTERM", stubborn.pid: "SIGKILL"}
+    assert outcome["survivors"] == [] and outcome["signalled"] == 2 and outcome["refused"] == []
+    assert dict((e["pid"], e["signal"]) for e in outcome["ended"]) == {polite.pid: "SIGTERM", stubborn.pid: "SIGKILL"}
     # Both were our children: terminate reaped them, so not even a zombie is left in /proc.
     assert not os.path.exists("/proc/%d" % polite.pid) and not os.path.exists("/proc/%d" % stubborn.pid)
 
@@ -147,8 +147,8 @@ def test_terminate_never_signals_a_pid_whose_start_time_differs(started):
     # The same pid with another start time is another process (pid reuse): leave it alone.
     proc = _start(SLEEP)
     started.append(proc)
-    ended, survivors, signalled = _procs.terminate([(proc.pid, _starttime(proc.pid) + 1)], 0.1, 0.1)
-    assert (ended, survivors, signalled) == ([], [], 0)
+    outcome = _procs.terminate([(proc.pid, _starttime(proc.pid) + 1)], 0.1, 0.1)
+    assert outcome == {"ended": [], "survivors": [], "signalled": 0, "refused": []}
     assert proc.poll() is None
 
 
