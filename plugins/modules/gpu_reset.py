@@ -11,28 +11,34 @@ module: gpu_reset
 short_description: Stop exactly the processes that hold the NVIDIA GPUs
 version_added: 0.1.0
 description:
-  - Finds the processes that hold GPU memory, from evidence tied to each process. A process that maps a device file
-    of O(device_paths) (read with C(readlink) and from C(/proc/PID/maps), never C(stat), so a stuck network mount
-    cannot hang the scan) is a holder; this is what a process with a CUDA context does, and only such a process.
-  - A process that only has device files open, and maps none, is a GPU client (an NVML monitor, C(nvidia-smi), an
-    exporter, the Kubernetes device plugin, a process that initialised CUDA without a context). It is never a target
-    because of the device files, only through O(cmdline_patterns) or as a child of a target, and is reported in
-    RV(clients).
-  - Which GPUs a holder uses comes from its mappings and NVML together. A process maps C(/dev/nvidiaN) of every GPU
-    visible to it, but holds memory only where NVML lists it; NVML's list narrows it to those GPUs once the process
-    is confirmed to map them and to have started before the reading (a pid NVML lists may be a dead process's, reused
-    since). A holder NVML does not list (a child forked after CUDA initialisation, whose dead parent NVML still lists)
-    counts for the GPUs of its listed parent, else for the GPUs it maps where NVML lists a process that is gone,
-    else for every GPU it maps. Without NVML the mappings alone decide, and a process with every GPU visible counts
-    for every GPU it maps.
+  - Finds the processes that hold GPU memory, from evidence tied to each process, namely its mappings of the device files
+    of O(device_paths) (read from C(/proc/PID/maps) and with C(readlink), never C(stat), so a stuck network mount
+    cannot hang the scan) and NVML's per-GPU process list, checked against them.
+  - A process with a CUDA context maps C(/dev/nvidiaN) of every GPU visible to it, C(nvidiactl) and C(nvidia-uvm),
+    and NVML lists it on the GPU of its context; that narrows it there, once the process is confirmed to map that
+    GPU and to have started before the reading (a pid NVML lists may be a dead process's, reused since).
+  - A process that maps GPU files but that NVML does not list there (a child forked after CUDA initialisation keeps
+    its parent's mappings and context, and NVML goes on listing the dead parent) holds the memory of those GPUs
+    that NVML cannot attribute to a live process it lists (a listed pid that is gone, or memory used above the
+    listed shares by more than 256 MiB, as when NVML cannot see the pids of a container). Where all the memory is
+    accounted for, such a process holds none (CUDA initialised without a context maps the GPU files too) and is a
+    GPU client. It cannot be told apart from a forked child where memory is unaccounted for, since neither maps
+    C(nvidia-uvm) (which RV(targets[].evidence) reports).
+  - Without NVML the mappings alone decide. Every process that maps a device file is a holder, of every GPU whose
+    file it maps (a process with every GPU visible counts for each of them).
+  - A process that only has device files open, mapping none, holds no GPU memory (NVML monitors, C(nvidia-smi),
+    exporters, the Kubernetes device plugin open every device file). It is never a target because of the device
+    files, only through O(cmdline_patterns) or as a child of a target; it is reported in RV(clients), as are the
+    mapping processes found to hold no memory.
   - Also a target is every process NVML lists that maps an NVIDIA device file outside O(device_paths) (for example
     a container's), every process whose command line matches O(cmdline_patterns) and, with O(include_children),
     every descendant of those.
   - Sends C(SIGTERM) to all of them at once, waits up to O(grace_period) seconds, sends C(SIGKILL) to what remains and
     waits up to O(kill_timeout) seconds. A zombie holds no GPU memory and counts as gone.
-  - Then scans again. A holder that appeared during the reset (a C(SIGTERM) handler that forks, a parent forking in
-    a loop) is signalled the same way in a further round, up to 3 rounds in all; a holder still there after the last
-    round fails the task by name.
+  - Then scans again, with a fresh NVML reading. A holder that appeared during the reset (a C(SIGTERM) handler that
+    forks, a parent forking in a loop, a forked child that keeps a stopped parent's context, which NVML then lists
+    under the dead parent's pid) is signalled the same way in a further round, up to 3 rounds in all; a holder still
+    there after the last round fails the task by name.
   - Never a target are PID 1, kernel threads (what the kernel flags as one), the module itself and its ancestors,
     and processes named in O(protect_names). These exclusions apply before children are followed, so a process never
     becomes a target only because an excluded parent holds a device.
@@ -231,6 +237,12 @@ targets:
           outside O(device_paths), V(cmdline) matches O(cmdline_patterns), V(child) descends from a target.
       type: str
       sample: device
+    evidence:
+      description:
+        - What makes it a target, in words. For a process that maps device files, which GPUs, whether it maps
+          C(nvidia-uvm) (a CUDA context of its own, unlike a forked child) and what NVML says of it.
+      type: str
+      sample: maps GPU 0, with nvidia-uvm; NVML lists it on GPU 0
     round:
       description: The round of signals it was found in; V(1) unless it appeared during the reset.
       type: int
@@ -293,9 +305,9 @@ survivors:
       sample: reboot or GPU reset required
 clients:
   description:
-    - Processes that have device files of O(device_paths) open but map none, so hold no GPU memory (NVML monitors,
-      exporters, device plugins), left alone. A client matched by O(cmdline_patterns) or descending from a target is
-      a target instead.
+    - Processes that have device files of O(device_paths) open or mapped but hold no GPU memory by the evidence (NVML
+      monitors, exporters, device plugins, CUDA initialised without a context), left alone. A client matched by
+      O(cmdline_patterns) or descending from a target is a target instead.
   returned: always
   type: list
   elements: dict
@@ -313,6 +325,11 @@ clients:
       type: list
       elements: str
       sample: [/dev/nvidia0, /dev/nvidia1, /dev/nvidiactl]
+    maps:
+      description: Device files it maps (empty for a monitor).
+      type: list
+      elements: str
+      sample: []
 protected:
   description: Processes that hold a device, match a pattern or descend from a target, but are never stopped.
   returned: always
@@ -401,6 +418,10 @@ NVIDIA_IN_MAPS = re.compile(b"/nvidia")
 GPU_INDEX = re.compile(r"[0-9]{1,4}")
 GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+", re.IGNORECASE)
 
+# Memory NVML shows as used on a GPU beyond what it lists for live processes that explain
+# themselves. The real driver lists a process's share a few MiB below what it counts as used;
+# a CUDA context takes far more than this.
+UNATTRIBUTED_MIB = 256
 MAX_WAIT_S = 3600  # an hour: longer than any server's shutdown, short enough for poll() and a play
 MAX_ROUNDS = 3  # the first round of signals, then up to two for holders that appeared during it
 
@@ -531,12 +552,15 @@ class Planner(object):
         self.users = set(params["users"]) if params["users"] is not None else None
         self.has_nvml = snapshot is not None
         self.listed_on = nvml_processes(snapshot)
+        self.used = dict((gpu["index"], gpu["memory_used_mib"]) for gpu in (snapshot or {}).get("gpus", []))
+        self.lost = set(gpu["index"] for gpu in (snapshot or {}).get("lost", []))
         self.reading = reading
         self.table = _procs.process_table(with_cmdline=bool(patterns), paths=paths)
         self.mapped = dict((pid, sorted(stat["mapped"])) for pid, stat in self.table.items() if stat["mapped"])
         self.elsewhere = self._listed_nvidia_maps()
         self.own = set(_procs.ancestors(os.getpid()))
         self.reasons = {}
+        self.why = {}  # evidence in words of the targets that map no device file
         self.protected = {}
         self.excluded = {}
         self._gpus = {}
@@ -574,49 +598,70 @@ class Planner(object):
         return set(self.listed_on[pid]) if self.believed(pid) else set()
 
     def orphaned(self):
-        """GPUs where NVML lists a pid that does not explain itself: gone, a zombie, started
-        after the reading, or not mapping that GPU. Their memory is held by someone else,
-        typically a child forked after CUDA initialisation whose parent died."""
+        """GPUs whose memory NVML cannot attribute to a live process it lists: a listed pid
+        that is gone, a zombie, started after the reading or does not map that GPU (a child
+        forked after CUDA initialisation keeps its dead parent's context, and NVML keeps
+        listing the parent), or "used" above the listed shares by more than UNATTRIBUTED_MIB
+        (pids NVML cannot show, as in a container). A GPU NVML could not read counts too:
+        there the mappings alone decide."""
         if self._orphaned is None:
-            self._orphaned = set()
+            self._orphaned = set(self.lost)
+            explained = {}
             for pid, per_gpu in self.listed_on.items():
                 listed, maps = self.listed(pid), self.mapped_gpus(pid)
-                for gpu in per_gpu:
-                    if not (gpu in listed and self.maps(pid) and (not maps or gpu in maps)):
+                for gpu, mib in per_gpu.items():
+                    if gpu in listed and self.maps(pid) and (not maps or gpu in maps):
+                        explained.setdefault(gpu, []).append(mib)
+                    else:
                         self._orphaned.add(gpu)
+            for gpu, used in self.used.items():
+                shares = explained.get(gpu, [])
+                if used is not None and None not in shares and used - sum(shares) > UNATTRIBUTED_MIB:
+                    self._orphaned.add(gpu)
         return self._orphaned
 
-    def inherited(self, pid, maps):
-        """The GPUs of the nearest ancestor NVML lists, if this process maps no GPU that
-        ancestor does not (a child forked after CUDA initialisation keeps its parent's
-        mappings, and uses its memory)."""
-        seen = set()
-        parent = self.table[pid]["ppid"]
-        while parent in self.table and parent not in seen:
-            seen.add(parent)
-            if self.listed(parent):
-                parent_maps = self.mapped_gpus(parent)
-                return self.gpus_of(parent) & maps if maps <= parent_maps else set()
-            parent = self.table[parent]["ppid"]
-        return set()
-
     def gpus_of(self, pid):
-        """The GPUs this process holds memory on, as far as the evidence tells."""
+        """The GPUs this process holds memory on, as far as the evidence tells: an empty set
+        for a process that maps device files but holds no memory (CUDA initialised without a
+        context, or a forked child whose parent's context lives on)."""
         if pid not in self._gpus:
             maps = self.mapped_gpus(pid)
             listed = self.listed(pid)
             if not self.has_nvml:
-                gpus = maps  # mappings alone: every GPU visible to it
+                gpus = maps  # mappings alone: every GPU it maps
             elif listed and not maps:
                 gpus = listed if self.maps(pid) else set()  # device files without an index in their name
             elif listed & maps:
                 gpus = listed & maps
-            elif not maps:
-                gpus = set()
-            else:  # maps GPUs but NVML does not list it there
-                gpus = self.inherited(pid, maps) or (maps & self.orphaned()) or maps
+            else:  # NVML does not list it where it maps: it holds only memory nobody else explains
+                gpus = maps & self.orphaned()
             self._gpus[pid] = gpus
         return self._gpus[pid]
+
+    def holds_memory(self, pid):
+        """Whether the mappings (and NVML, when it answered) say this process holds GPU memory."""
+        return not self.has_nvml or bool(self.gpus_of(pid))
+
+    def evidence(self, pid):
+        """One line on what makes the process a target (or a client), for the report."""
+        maps = self.maps(pid)
+        if not maps:
+            return self.why.get(pid, "maps no NVIDIA device file")
+        gpus = sorted(self.mapped_gpus(pid))
+        # nvidia-uvm is mapped by a process with a CUDA context of its own, not by a forked child.
+        uvm = "with" if any(path.endswith("/nvidia-uvm") for path in maps) else "without"
+        words = ["maps %s, %s nvidia-uvm" % (", ".join("GPU %d" % g for g in gpus) or "NVIDIA device files", uvm)]
+        listed = sorted(self.listed(pid) & (set(gpus) or self.listed(pid)))
+        held = ", ".join(map(str, sorted(self.gpus_of(pid))))
+        if not self.has_nvml:
+            words.append("NVML unavailable, so the mappings alone decide")
+        elif listed:
+            words.append("NVML lists it on GPU %s" % ", ".join(map(str, listed)))
+        elif held:
+            words.append("NVML shows memory on GPU %s that no live process it lists accounts for" % held)
+        else:
+            words.append("NVML shows no memory of its own, nor any it cannot attribute, on those GPUs")
+        return "; ".join(words)
 
     # --- who may be a target -----------------------------------------------------------------
 
@@ -666,15 +711,17 @@ class Planner(object):
 
     def candidates(self):
         """[(pid, reason, needs_gpu)] from the three kinds of direct evidence."""
-        found = [(pid, "device", True) for pid in sorted(self.mapped)]
+        found = [(pid, "device", True) for pid in sorted(self.mapped) if self.holds_memory(pid)]
         found.extend((pid, "nvml", True) for pid in sorted(self.elsewhere))
         if self.patterns:
             for pid in sorted(self.table):
                 if pid in self.mapped or pid in self.elsewhere:
                     continue
                 line = " ".join(self.cmdline(pid))
-                if line and any(p.search(line) for p in self.patterns):
+                matching = [p.pattern for p in self.patterns if line and p.search(line)]
+                if matching:
                     found.append((pid, "cmdline", False))
+                    self.why[pid] = "command line matches %r" % matching[0]
         return found
 
     def plan(self):
@@ -686,17 +733,20 @@ class Planner(object):
             index = _procs.children_index(self.table)
             roots = sorted(self.reasons)
             for pid in _procs.descendants(roots, index, lambda p: self.exclusion(p, False) is not None):
-                self.reasons.setdefault(pid, "child")
+                if self.reasons.setdefault(pid, "child") == "child" and pid not in self.why:
+                    self.why[pid] = "descends from pid %d" % self.table[pid]["ppid"]
         return self.reasons
 
     def clients(self):
-        """Processes with device files open and none mapped that are not targets: GPU
-        clients such as monitors, which hold no GPU memory."""
+        """Processes with device files open, mapping none or holding no memory by the
+        evidence, that are not targets: GPU clients such as monitors."""
         return [{"pid": pid, "name": printable(process_name(pid) or stat["comm"]),
-                 "devices": [printable(path) for path in sorted(stat["opened"])]}
+                 "devices": [printable(path) for path in sorted(stat["opened"])],
+                 "maps": [printable(path) for path in sorted(stat["mapped"])]}
                 for pid, stat in sorted(self.table.items())
-                if stat["opened"] and pid not in self.mapped and pid not in self.elsewhere
-                and pid not in self.reasons and pid not in self.own and pid not in self.protected]
+                if (stat["opened"] or stat["mapped"]) and pid not in self.reasons and pid not in self.own
+                and pid not in self.protected and pid not in self.elsewhere
+                and not (pid in self.mapped and self.holds_memory(pid))]
 
 
 def process_name(pid):
@@ -741,6 +791,7 @@ def describe(planner, pid, reason, round_no):
     if used:
         info["gpu_memory_mib"] = sum(used)
     info["reason"] = reason
+    info["evidence"] = planner.evidence(pid)
     info["round"] = round_no
     return info
 
@@ -788,7 +839,7 @@ def stop(params, new_planner, targets, identity, result):
             result["survivors"].append(survivor_report(by_pid[refused["pid"]], signals,
                                                        REFUSED_ACTION % (refused["signal"], refused["error"])))
         handled.update((t["pid"], identity[t["pid"]]) for t in batch)
-        planner = new_planner()  # done means no holder is left: look again
+        planner = new_planner(again=True)  # done means no holder is left: look again
         fresh, fresh_identity = plan_targets(planner, rounds + 1)
         result["protected"].update(planner.protected)
         batch = [t for t in fresh if (t["pid"], fresh_identity[t["pid"]]) not in handled]
@@ -808,8 +859,15 @@ def run(module, started):
     snapshot, nvml_status, reading = read_nvml()  # NVML is shut down again: we hold no device now
     selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
 
-    def new_planner():
-        return Planner(params, patterns, paths, snapshot, reading, selected)
+    def new_planner(again=False):
+        """A pass over /proc; after a round of signals with a fresh NVML reading, since which
+        listed pids are gone now (and whose memory someone still holds) is what it tells."""
+        reading_now, began = snapshot, reading
+        if again and snapshot is not None:
+            fresh, _status, fresh_began = read_nvml()
+            if fresh is not None:
+                reading_now, began = fresh, fresh_began
+        return Planner(params, patterns, paths, reading_now, began, selected)
 
     planner = new_planner()
     targets, identity = plan_targets(planner, 1)

@@ -31,11 +31,14 @@ def every_device(directory: Path) -> list:
     return sorted(str(p) for p in directory.iterdir() if p.name.startswith("nvidia"))
 
 
-def cuda(directory: Path, visible, **spec) -> dict:
+def cuda(directory: Path, visible, uvm=True, **spec) -> dict:
     """A process with a CUDA context, as measured on the real driver: every device file open,
-    the files of the GPUs visible to it plus nvidiactl and nvidia-uvm mapped."""
-    maps = [str(directory / ("nvidia%d" % gpu)) for gpu in visible] + [str(directory / n) for n in DEVICE_NAMES]
-    return dict({"open": every_device(directory), "map": maps}, **spec)
+    the files of the GPUs visible to it plus nvidiactl and nvidia-uvm mapped. uvm=False: as a
+    process without a context of its own maps them (CUDA initialised only, or a forked child):
+    no nvidia-uvm."""
+    maps = [str(directory / ("nvidia%d" % gpu)) for gpu in visible] + [str(directory / "nvidiactl")]
+    return dict({"open": every_device(directory), "map": maps + ([str(directory / "nvidia-uvm")] if uvm else [])},
+                **spec)
 
 
 def client(directory: Path, **spec) -> dict:
@@ -44,10 +47,11 @@ def client(directory: Path, **spec) -> dict:
     return dict({"open": every_device(directory)}, **spec)
 
 
-def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, frozen=None) -> dict:
+def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, frozen=None, faults=()) -> dict:
     """holders: [{spec..., 'nvml': [{'gpu', 'mib', 'holder': key if not this one, 'listed_as':
     key of the pid NVML shows}], 'uid', 'python', 'argv_extra_hex'}]; nvml: number of fake GPUs
-    (None: no NVML); runs: [{'params', 'check', 'diff', 'uid', 'python', 'env'}];
+    (None: no NVML); faults: [{'fault', ...}] injected into it (FakeNvml.inject);
+    runs: [{'params', 'check', 'diff', 'uid', 'python', 'env'}];
     cgroups: {key: cgroup directory to move that holder into}; frozen: a cgroup-v1 freezer
     directory frozen during the runs. Returns the holders ({key: {pid, ppid, starttime}}) and
     per run its result and which holders were alive after."""
@@ -56,6 +60,9 @@ def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, 
         from tests.fixtures.fake_nvml import FakeNvml  # pylint: disable=import-outside-toplevel
         fake = FakeNvml(ns.scratch / "nvml", lib_dir=lib_dir)
         fake.create(gpu_count=nvml)
+        for fault in faults:
+            fault = dict(fault)
+            fake.inject(fault.pop("fault"), **fault)
     started = {}
     for spec in holders:
         spec = dict(spec)

@@ -22,7 +22,8 @@ from tests.run_module import run_module
 
 HOLDERS = "tests.functional.gpu_reset_ns:holders_then_runs"
 NODE = "tests.functional.gpu_reset_ns:crashed_node_runs"
-HOLDER_ROLES = ("worker", "orphan_worker", "term_ignorer", "unpinned_worker")
+HOLDER_ROLES = ("worker", "orphan_worker", "term_ignorer", "unpinned_worker", "forked_child")
+CLIENT_ROLES = ("monitor", "init_only", "persistenced")
 
 pytestmark = pytest.mark.skipif(pidns.available() is not None, reason=str(pidns.available()))
 
@@ -59,7 +60,7 @@ def test_crashed_node_every_holder_dies_and_bystanders_survive(fake_nvml_lib):
     assert result["nvml"] == "ok"
     for pid in _pids(manifest, "api_server", *HOLDER_ROLES):
         assert not alive[pid], pid
-    for pid in _pids(manifest, "bystander", "persistenced", "shm_mapper", "monitor"):
+    for pid in _pids(manifest, "bystander", "shm_mapper", *CLIENT_ROLES):
         assert alive[pid], pid
     how = dict((k["pid"], k["signal"]) for k in result["killed"])
     ignorer = _role(manifest, "term_ignorer")[0]["pid"]
@@ -68,15 +69,22 @@ def test_crashed_node_every_holder_dies_and_bystanders_survive(fake_nvml_lib):
     orphan = _role(manifest, "orphan_worker")[0]
     assert orphan["pid"] in how
     assert result["survivors"] == []
-    persistenced = _role(manifest, "persistenced")[0]["pid"]
-    assert [(p["pid"], p["reason"]) for p in result["protected"]] == [(persistenced, "protect_names")]
-    assert [c["pid"] for c in result["clients"]] == [_role(manifest, "monitor")[0]["pid"]]
+    # Device files open and none mapped, or mapped with no memory (CUDA initialised, no context):
+    # GPU clients, left alone. nvidia-persistenced is one too, so nothing needs protecting here.
+    assert sorted(c["pid"] for c in result["clients"]) == sorted(_pids(manifest, *CLIENT_ROLES))
+    assert result["protected"] == []
     targets = dict((t["pid"], t) for t in result["targets"])
     assert targets[orphan["pid"]]["gpus"] == orphan["gpus"]
     assert targets[orphan["pid"]]["gpu_memory_mib"] == orphan["mib"]
     unpinned = _role(manifest, "unpinned_worker")[0]
     assert targets[unpinned["pid"]]["gpus"] == unpinned["gpus"]  # NVML narrows its mappings to its context
     assert targets[_role(manifest, "api_server")[0]["pid"]]["reason"] == "cmdline"
+    # The forked child: not listed, but NVML lists its dead parent on its GPU.
+    forked = _role(manifest, "forked_child")[0]
+    assert (targets[forked["pid"]]["gpus"], targets[forked["pid"]]["reason"]) == (forked["gpus"], "device")
+    assert "gpu_memory_mib" not in targets[forked["pid"]]
+    assert "without nvidia-uvm" in targets[forked["pid"]]["evidence"]
+    assert "no live process it lists" in targets[forked["pid"]]["evidence"]
 
 
 def test_second_run_changes_nothing(fake_nvml_lib):
@@ -105,11 +113,12 @@ def test_check_mode_lists_targets_and_kills_nothing(fake_nvml_lib):
     assert set(t["pid"] for t in result["targets"]) == _pids(manifest, "api_server", *HOLDER_ROLES)
     assert result["killed"] == []
     assert all(alive.values())
-    # diff: before lists every process that maps a device file, after only the protected one
-    persistenced = _role(manifest, "persistenced")[0]["pid"]
-    assert result["diff"]["after"].startswith("%d " % persistenced)
+    # diff: before lists every process that maps a device file, after only the one that holds
+    # no memory (CUDA initialised without a context)
+    init_only = _role(manifest, "init_only")[0]["pid"]
+    assert result["diff"]["after"].startswith("%d " % init_only)
     assert len(result["diff"]["after"].splitlines()) == 1
-    assert len(result["diff"]["before"].splitlines()) == len(_pids(manifest, "persistenced", *HOLDER_ROLES))
+    assert len(result["diff"]["before"].splitlines()) == len(_pids(manifest, "init_only", *HOLDER_ROLES))
 
 
 def test_api_server_dies_only_when_a_pattern_names_it(fake_nvml_lib):

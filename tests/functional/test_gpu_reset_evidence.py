@@ -128,6 +128,61 @@ def test_open_device_files_without_a_mapping_make_no_target_even_when_nvml_lists
     assert [c["pid"] for c in run["result"]["clients"]] == [out["holders"]["monitor"]["pid"]]
 
 
+def test_cuda_initialised_without_a_context_is_a_client_unless_nvml_is_missing(dev, fake_nvml_lib):
+    """CUDA initialised with no context maps the GPU files and nvidiactl (not nvidia-uvm) and
+    holds no memory: with NVML it is a client left alone; without NVML the mappings alone
+    decide, and it is stopped (the user asked for a reset and nothing tells otherwise)."""
+    probe = cuda(dev, [0, 1, 2, 3], uvm=False, key="probe", name="cuda-probe")
+    holders = [probe, cuda(dev, [1], key="server", nvml=[{"gpu": 1, "mib": 5000}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=4, lib_dir=str(fake_nvml_lib))
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert [t["pid"] for t in run["result"]["targets"]] == [out["holders"]["server"]["pid"]]
+    assert run["alive"] == {"probe": True, "server": False}
+    [probe_client] = run["result"]["clients"]
+    assert probe_client["pid"] == out["holders"]["probe"]["pid"]
+    assert probe_client["maps"] == sorted(probe["map"])
+
+    without = reset(holders, [{"params": {"device_paths": globs(dev)}, "check": True}])
+    assert sorted(t["pid"] for t in without["runs"][0]["result"]["targets"]) == sorted(
+        h["pid"] for h in without["holders"].values())
+
+
+def test_memory_nvml_cannot_attribute_makes_an_unlisted_mapper_its_holder(dev, fake_nvml_lib):
+    """Memory used on GPU 2 that no listed process accounts for (a container's hidden pid): the
+    unlisted process that maps GPU 2 is its holder; the one that maps GPU 0 is a client."""
+    holders = [cuda(dev, [2], key="hidden"), cuda(dev, [0], key="idle")]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=4, lib_dir=str(fake_nvml_lib),
+                faults=[{"fault": "stuck_memory", "gpu": 2, "mib": 4000}])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert targets(run) == [(out["holders"]["hidden"]["pid"], (2,), "device")]
+    assert "NVML shows memory on GPU 2 that no live process it lists accounts for" in \
+        run["result"]["targets"][0]["evidence"]
+    assert run["alive"] == {"hidden": False, "idle": True}
+    assert [c["pid"] for c in run["result"]["clients"]] == [out["holders"]["idle"]["pid"]]
+
+
+def test_a_child_forked_from_a_live_holder_is_stopped_once_its_parent_is_gone(dev, fake_nvml_lib):
+    """The child shares its live parent's context: NVML lists the parent, so before the reset
+    the child is a client. Once the parent is stopped, NVML lists the dead parent for the
+    memory the child keeps alive, and the scan after the kill phase stops the child too (with
+    include_children off, so only the evidence finds it)."""
+    parent = cuda(dev, [1], key="parent", name="engine", children=[{"key": "child", "name": "fork"}],
+                  nvml=[{"holder": "child", "gpu": 1, "mib": 1634, "listed_as": "parent"}])
+    params = {"device_paths": globs(dev), "include_children": False}
+    out = reset([parent], [{"params": params, "check": True}, {"params": params}], nvml=4,
+                lib_dir=str(fake_nvml_lib))
+    before, after = out["runs"]
+    child = out["holders"]["child"]["pid"]
+    assert [t["pid"] for t in before["result"]["targets"]] == [out["holders"]["parent"]["pid"]]
+    assert [c["pid"] for c in before["result"]["clients"]] == [child]
+    assert after["result"]["rc"] == 0, after["result"].get("msg")
+    assert [(t["pid"], t["round"], t["gpus"]) for t in after["result"]["targets"]] == [
+        (out["holders"]["parent"]["pid"], 1, [1]), (child, 2, [1])]
+    assert after["alive"] == {"parent": False, "child": False}
+
+
 # --- item 2: a kernel thread is what the kernel flags as one --------------------------------
 
 def test_pid_2_in_a_container_is_an_ordinary_holder_and_so_are_its_children(dev):
