@@ -242,7 +242,7 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
             stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, True, proc) if wanted else (set(), set())
         if with_cmdline:
             stat["cmdline"] = read_cmdline(pid, proc)
-        if wanted or with_cmdline:
+        if with_cmdline or (wanted and (stat["opened"] or stat["mapped"])):
             again = read_stat(pid, proc)
             if again is None or again["starttime"] != stat["starttime"]:
                 continue
