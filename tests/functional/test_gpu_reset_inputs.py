@@ -38,8 +38,8 @@ def refused(dev, cases, nvml=None, lib_dir=None):
 # --- item 1: patterns that match everything ------------------------------------------------
 
 def test_a_pattern_that_matches_the_empty_string_or_this_module_is_refused(dev):
-    cases = [{"cmdline_patterns": [pattern]} for pattern in ("", "|", "x?", ".*", "^", "python3", "python",
-                                                               "gpu_reset", "plugins/modules")]
+    patterns = ("", "|", "x?", ".*", "^", "python3", "python", "gpu_reset", "plugins/modules")
+    cases = [{"cmdline_patterns": [pattern]} for pattern in patterns]
     for case, result in refused(dev, cases):
         pattern = case["cmdline_patterns"][0]
         assert result["msg"].startswith("cmdline_patterns: %r matches " % pattern), case

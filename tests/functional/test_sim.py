@@ -122,7 +122,7 @@ def test_device_files_are_opened_and_mapped_as_the_real_driver_shows_them(crashe
     maps its visible GPUs' files plus nvidiactl and nvidia-uvm (measured on driver 580)."""
     m = crashed_node
     dev_dir = m["dev_dir"]
-    every = {path for path in m["device_files"]}
+    every = set(m["device_files"])
     for role, entry in entries(m):
         held = {path for path in open_files(entry["pid"]) if path.startswith(dev_dir + "/")}
         maps = {path for path in mapped_files(entry["pid"]) if path.startswith(dev_dir + "/")}

@@ -306,8 +306,10 @@ def two_gpu_scenario(name: str, workdir: Path, setup) -> dict:
         for number, item in enumerate(steps, 1):
             started.reap()
             preview = run_module("gpu_reset", item["params"], check=True)
-            stop = preview.get("msg") if preview.get("failed") else guard(preview.get("targets", []), item["expect"],
-                                                                       started.owns)
+            if preview.get("failed"):
+                stop = preview.get("msg")
+            else:
+                stop = guard(preview.get("targets", []), item["expect"], started.owns)
             record = {"params": item["params"], "preflight_targets": preview.get("targets"),
                       "clients": preview.get("clients")}
             result["steps"].append(record)
@@ -489,8 +491,8 @@ def main(argv=None):
         result = runner()
         summary["scenarios"].append(result)
         status = "SKIP" if result.get("skipped") else "PASS" if result.get("passed") else "FAIL"
-        print("%-22s %s %s" % (name, status, json.dumps(result.get("error") or result.get("checks")
-                                                         or result.get("skipped"))), flush=True)
+        shown = result.get("error") or result.get("checks") or result.get("skipped")
+        print("%-22s %s %s" % (name, status, json.dumps(shown)), flush=True)
     if args.only:
         (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
         return 0 if all(r.get("passed") for r in summary["scenarios"]) else 1
