@@ -47,14 +47,16 @@ def client(directory: Path, **spec) -> dict:
     return dict({"open": every_device(directory)}, **spec)
 
 
-def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, frozen=None, faults=()) -> dict:
+def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, frozen=None, faults=(),
+                      watch=()) -> dict:
     """holders: [{spec..., 'nvml': [{'gpu', 'mib', 'holder': key if not this one, 'listed_as':
     key of the pid NVML shows}], 'uid', 'python', 'argv_extra_hex'}]; nvml: number of fake GPUs
     (None: no NVML); faults: [{'fault', ...}] injected into it (FakeNvml.inject);
     runs: [{'params', 'check', 'diff', 'uid', 'python', 'env'}];
     cgroups: {key: cgroup directory to move that holder into}; frozen: a cgroup-v1 freezer
-    directory frozen during the runs. Returns the holders ({key: {pid, ppid, starttime}}) and
-    per run its result and which holders were alive after."""
+    directory frozen during the runs; watch: paths whose mappers to list after each run.
+    Returns the holders ({key: {pid, ppid, starttime}}) and per run its result, which holders
+    were alive after it and which processes mapped the watched paths then."""
     fake = None
     if nvml:
         from tests.fixtures.fake_nvml import FakeNvml  # pylint: disable=import-outside-toplevel
@@ -86,7 +88,8 @@ def holders_then_runs(ns, holders, runs, nvml=None, lib_dir=None, cgroups=None, 
             params = dict(FAST, **run["params"])
             result = ns.module("gpu_reset", params, check=run.get("check", False), diff=run.get("diff", False),
                                env=dict(env, **run.get("env", {})), uid=run.get("uid"), python=run.get("python"))
-            done.append({"result": result, "alive": dict((key, ns.alive(entry)) for key, entry in started.items())})
+            done.append({"result": result, "alive": dict((key, ns.alive(entry)) for key, entry in started.items()),
+                         "mappers": ns.mappers(watch)})
     finally:
         if frozen:
             Path(frozen, "freezer.state").write_text("THAWED")

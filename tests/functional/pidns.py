@@ -33,7 +33,7 @@ MARK = "@@pidns-result@@ "
 # execs itself anew and inherits nothing), says it is ready on stdout
 # (one write per line: parent and children share the pipe) and waits for signals.
 HOLDER = r"""
-import ctypes, json, mmap, os, signal, sys
+import ctypes, json, mmap, os, signal, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -81,6 +81,13 @@ def become(spec, done=None):
         os.close(done)
     if spec.get("exits"):
         os._exit(0)
+    while spec.get("fork_every"):
+        # A parent forking in a loop: each child keeps the mappings and waits to be signalled.
+        time.sleep(spec["fork_every"])
+        if os.fork() == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            while True:
+                signal.pause()
     while True:
         signal.pause()
 
@@ -103,7 +110,7 @@ class Namespace(object):
 
     def start(self, argv_extra=(), uid=None, python=None, **spec) -> dict:
         """Start a holder (see HOLDER; spec keys: key, name ("hex:..." for raw bytes), open, map,
-        ignore_term, term_forks, children (each may be `fresh`), exits) and return {key: {pid, ppid, starttime}} of it
+        ignore_term, term_forks, children (each may be `fresh`), exits, fork_every) and return {key: {pid, ppid, starttime}} of it
         and its children, once each is ready. argv_extra: more arguments (bytes allowed) that
         only show in its cmdline; uid: run it as this user; python: the interpreter to run it
         with (e.g. a link named like a protected daemon). A holder that exits is waited for."""

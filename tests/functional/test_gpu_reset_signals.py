@@ -45,6 +45,19 @@ def test_a_holder_forked_by_a_sigterm_handler_is_stopped_in_a_further_round(dev)
     assert result["survivors"] == []
 
 
+def test_children_forked_during_the_reset_by_a_looping_parent_are_stopped_too(dev):
+    """A parent that forks a child every 10 ms (each keeps its mappings): children forked after
+    the first scan are found by the scan after the kill phase. With include_children off, only
+    the evidence finds them; at the end nothing maps the device files and the task succeeds."""
+    forker = cuda(dev, [0], key="forker", name="forker", fork_every=0.01)
+    out = reset([{"key": "bystander"}, forker], [{"params": {"device_paths": globs(dev), "include_children": False}}],
+                watch=[str(dev / "nvidia0")])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert run["mappers"] == []
+    assert run["alive"] == {"bystander": True, "forker": False}
+
+
 def test_holders_still_appearing_after_the_last_round_fail_the_task_by_name(dev):
     """Each generation forks the next on SIGTERM: after three rounds one is still there, and
     the task fails naming it, instead of reporting success while it keeps the GPU."""
