@@ -77,7 +77,7 @@ def test_seconds_must_be_finite_and_at_most_an_hour(dev, option):
     messages = dict((str(case[option]), result["msg"]) for case, result in refused(dev, [{option: v} for v in values]))
     assert all(option in message for message in messages.values()), messages
     for value in ("nan", "inf", "-inf"):
-        assert messages[value] == "%s must be a finite number seconds, got %s" % (option, value)
+        assert messages[value] == "%s must be a finite number of seconds, got %s" % (option, value)
     assert messages["10000000000.0"] == "%s must be 3600 or less seconds, got 10000000000.0" % option
     assert messages["-1"] == "%s must be 0 or more seconds, got -1.0" % option
 
