@@ -274,8 +274,8 @@ def test_pct_exec_enters_the_container_and_passes_stdio_and_status_through(fleet
     host = fleet.hosts["node1"]
     init = host.init_pid()
     proc = node.ssh("root", f"pct exec {host.vmid} -- sh -c "
-                "'hostname; for ns in mnt pid net ipc uts cgroup; do readlink /proc/self/ns/$ns; done; "
-                "cat /proc/self/cgroup; test -t 0 || echo no-tty; echo to-stderr >&2; exit 7'")
+                    "'hostname; for ns in mnt pid net ipc uts cgroup; do readlink /proc/self/ns/$ns; done; "
+                    "cat /proc/self/cgroup; test -t 0 || echo no-tty; echo to-stderr >&2; exit 7'")
     assert proc.returncode == 7, proc.stderr
     lines = proc.stdout.decode().splitlines()
     assert lines[0] == "node1"
