@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -449,3 +450,26 @@ def test_reset_and_serve_through_pct_serves_again_inside_each_container(fleet, n
             (host_vars / f"{name}.yml").unlink(missing_ok=True)
             fleet.run(name, ["systemctl", "stop", "cleanslate-inference.service"], check=False)
             _uncrash(fleet, name)
+
+
+def test_the_node_changed_nothing_on_this_machine_and_leaves_nothing_behind(node):
+    """Last in this module: it takes the node down. Its files, pct included, and its mounts were
+    only ever in its own mount namespace; after down() no process, cgroup or listener is left."""
+    machine_pct = Path("/usr/sbin/pct")
+    assert not machine_pct.exists() or "stand-in" not in machine_pct.read_text(errors="replace")
+    assert not any(Path(f"/etc/pve/lxc/{host.vmid}.conf").exists() for host in node.fleet.hosts.values())
+    namespace = os.readlink(f"/proc/{node.sshd_pid}/ns/mnt")
+    assert namespace != os.readlink("/proc/self/ns/mnt")
+    assert str(node.root) not in Path("/proc/self/mountinfo").read_text()
+    cgroup_dirs = [path for path, _is_v2 in node.cgroup.dirs]
+    assert all(path.is_dir() for path in cgroup_dirs)
+    node.down()
+    assert not any(path.exists() for path in cgroup_dirs)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                assert os.readlink(entry / "ns" / "mnt") != namespace, f"pid {entry.name} is still in the node"
+            except OSError:
+                continue
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", node.port), timeout=5).close()

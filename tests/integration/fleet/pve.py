@@ -112,6 +112,11 @@ class PveNode:
         self.cgroup.remove()
         self.cgroup = None
 
+    @property
+    def sshd_pid(self):
+        """The node's listening sshd, or None while it is not running."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     # --- reaching it -------------------------------------------------------------------------
 
     def ssh_options(self):
