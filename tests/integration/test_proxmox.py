@@ -194,6 +194,10 @@ def _hidden_holder(fleet, crashed, gpu, tag):
     while not Path(f"{fifo}.registered").exists():
         assert holder.poll() is None and time.monotonic() < deadline, "the hidden holder's context did not start"
         time.sleep(0.05)
+    # Invisible inside: in the node's PID namespace only, yet charged to the container.
+    init = crashed.host.init_pid()
+    assert os.readlink(f"/proc/{holder.pid}/ns/pid") != os.readlink(f"/proc/{init}/ns/pid")
+    assert crashed.host.cgroup.match in Path(f"/proc/{holder.pid}/cgroup").read_text()
     return holder, (holder.pid, procinfo.start_ticks(holder.pid))
 
 
