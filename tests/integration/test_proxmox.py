@@ -71,6 +71,7 @@ with open(fifo) as peer:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, fake_nvml_lib):
+    """This module's own fleet (not the session's): two containers, shared by its scenarios."""
     _fleet_prerequisites()
     if not (PROXMOX / "plugins" / "connection" / "proxmox_pct_remote.py").is_file():
         pytest.fail(f"community.proxmox is not installed in {PROXMOX.parent.parent} (make setup installs it)")
@@ -124,12 +125,12 @@ def _ansible(controller, argv, pipelining=False, timeout=540) -> subprocess.Comp
     return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def _playbook(controller, inventory, playbook, pipelining=False, limit="gpu_nodes"):
+def _playbook(controller, inventory, playbook, pipelining=False):
     """(process, report, seconds) of one run of playbooks/<playbook>."""
     reports = controller / "reports"
     started = time.monotonic()
     proc = _ansible(controller, [str(VENV_BIN / "ansible-playbook"), f"playbooks/{playbook}", "-i", str(inventory),
-                                 "-l", limit, "-e", f"fleet_report_path={reports}"], pipelining)
+                                 "-l", "gpu_nodes", "-e", f"fleet_report_path={reports}"], pipelining)
     seconds = time.monotonic() - started
     found = sorted(reports.glob(f"{playbook[:-4]}-*.json"))
     report = json.loads(found[-1].read_text()) if found else None
@@ -428,8 +429,19 @@ def test_a_container_whose_monitor_died_is_unreachable_through_pct_and_swept_fro
         fleet.boot("node2")
 
 
+SERVE_UNIT = "cleanslate-inference.service"
+
+
+def _serve_vars() -> dict:
+    """The inference_service variables that serve issue 12's stand-in engine in a fleet host
+    (names from issue 12's interface; values to be matched to that role's tests when it lands)."""
+    return {"inference_service_engine": "vllm", "inference_service_model": "sim/model",
+            "inference_service_unit": SERVE_UNIT}
+
+
 @pytest.mark.skipif(not (REPO / "playbooks" / "reset_and_serve.yml").exists(),
-                    reason="playbooks/reset_and_serve.yml does not exist yet (issue 12); this runs once it does")
+                    reason="playbooks/reset_and_serve.yml does not exist yet (issue 12); when it lands, "
+                           "_serve_vars() gets the stand-in engine's inference_service_* values and this runs")
 def test_reset_and_serve_through_pct_serves_again_inside_each_container(fleet, node, controller):
     """reset_and_serve.yml through pct: the unit runs inside each container (its processes in
     the container's cgroup as the node sees them) and the report says each host serves."""
@@ -438,21 +450,18 @@ def test_reset_and_serve_through_pct_serves_again_inside_each_container(fleet, n
         for name in HOSTS:
             manifest = Crashed(fleet, name).manifest
             (host_vars / f"{name}.yml").write_text(yaml.safe_dump({
-                **node_reset_vars(manifest, node_reset_nvml_verify_timeout=10),
-                # The stand-in engine of issue 12's tests, served by systemd in the container.
-                "inference_service_engine": "vllm", "inference_service_model": "sim/model",
-                "inference_service_unit": "cleanslate-inference.service"}))
+                **node_reset_vars(manifest, node_reset_nvml_verify_timeout=10), **_serve_vars()}))
         proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset_and_serve.yml")
         assert proc.returncode == 0, proc.stdout[-6000:]
         for name, row in _rows(report).items():
             assert row["status"] in ("ok", "ready"), row
             host = fleet.hosts[name]
-            main = fleet.run(name, ["systemctl", "show", "-P", "MainPID", "cleanslate-inference.service"]).stdout
+            main = fleet.run(name, ["systemctl", "show", "-P", "MainPID", SERVE_UNIT]).stdout
             assert f"{host.cgroup.match}payload/" in Path(f"/proc/{_outer(host, int(main))[0]}/cgroup").read_text()
     finally:
         for name in HOSTS:
             (host_vars / f"{name}.yml").unlink(missing_ok=True)
-            fleet.run(name, ["systemctl", "stop", "cleanslate-inference.service"], check=False)
+            fleet.run(name, ["systemctl", "stop", SERVE_UNIT], check=False)
             _uncrash(fleet, name)
 
 
