@@ -20,6 +20,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+USAGE = "Usage: python tools/install_bundled_collection.py REQUIREMENTS WHEELS COLLECTIONS NAMESPACE.NAME VERSION"
+FQCN = re.compile(r"^(?P<namespace>[a-z0-9_]+)\.(?P<name>[a-z0-9_]+)$")
 PIN = re.compile(r"^ansible==(?P<version>[0-9.]+)\s+--hash=sha256:(?P<sha256>[0-9a-f]{64})\s*$")
 
 
@@ -62,12 +64,27 @@ def cached_wheel(requirements: Path, wheels: Path) -> Path:
 
 def install(wheel: Path, collections: Path, fqcn: str, version: str) -> Path:
     """Copy ansible_collections/NAMESPACE/NAME out of the wheel; check its MANIFEST version and
-    every file against the collection's own FILES.json."""
-    namespace, name = fqcn.split(".")
-    prefix = f"ansible_collections/{namespace}/{name}/"
-    target = collections / "ansible_collections" / namespace / name
-    staging = target.with_name(f".{name}.partial")
+    every file against the collection's own FILES.json. A refused copy leaves nothing behind,
+    and what was installed before stays as it was."""
+    match = FQCN.match(fqcn)
+    if not match:
+        raise InstallError(f"{fqcn!r} is not a collection name of the form namespace.name")
+    prefix = f"ansible_collections/{match['namespace']}/{match['name']}/"
+    target = collections / "ansible_collections" / match["namespace"] / match["name"]
+    staging = target.with_name(f".{match['name']}.partial")
     shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _extract(wheel, prefix, staging, fqcn)
+        _check(staging, wheel, fqcn, version)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def _extract(wheel: Path, prefix: str, staging: Path, fqcn: str) -> None:
     with zipfile.ZipFile(wheel) as archive:
         members = [m for m in archive.namelist() if m.startswith(prefix) and not m.endswith("/")]
         if not members:
@@ -76,8 +93,10 @@ def install(wheel: Path, collections: Path, fqcn: str, version: str) -> Path:
             path = staging / member[len(prefix):]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(archive.read(member))
-    manifest = json.loads((staging / "MANIFEST.json").read_text())
-    found = manifest["collection_info"]["version"]
+
+
+def _check(staging: Path, wheel: Path, fqcn: str, version: str) -> None:
+    found = json.loads((staging / "MANIFEST.json").read_text())["collection_info"]["version"]
     if found != version:
         raise InstallError(f"{wheel.name} bundles {fqcn} {found}, not the pinned {version}")
     listed = {entry["name"]: entry["chksum_sha256"]
@@ -86,14 +105,11 @@ def install(wheel: Path, collections: Path, fqcn: str, version: str) -> Path:
         relative = path.relative_to(staging).as_posix()
         if path.is_file() and relative not in ("MANIFEST.json", "FILES.json") and listed.get(relative) != sha256_of(path):
             raise InstallError(f"{fqcn}: {relative} does not match the collection's FILES.json")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    return target
 
 
 def main(argv) -> int:
     if len(argv) != 5:
-        print(__doc__.strip().splitlines()[-2], file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     requirements, wheels, collections, fqcn, version = argv
     try:
