@@ -6,6 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BUILD := build
 LINK := .ansible/collections/ansible_collections/cleanslate/gpu
+# community.proxmox (the proxmox_pct_remote connection), copied out of the pinned `ansible`
+# wheel that requirements-collections.txt names; the wheel stays cached in build/wheels.
+PROXMOX := .ansible/collections/ansible_collections/community/proxmox/MANIFEST.json
+PROXMOX_VERSION := 1.4.0
 # Ansible must never guess the interpreter here (pyenv shims can point at a Python that
 # does not exist): local runs use the venv's.
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
@@ -13,7 +17,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint bench gpu-wheels clean
 
-setup: os-deps $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1
+setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
 os-deps:
 	@tools/install_os_deps.sh
@@ -27,6 +31,11 @@ $(VENV)/.installed: requirements.txt requirements-test.txt constraints.txt
 $(LINK):
 	mkdir -p $(dir $(LINK))
 	ln -sfn ../../../.. $(LINK)
+
+$(PROXMOX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)/.installed
+	$(PY) tools/install_bundled_collection.py requirements-collections.txt $(BUILD)/wheels .ansible/collections \
+		community.proxmox $(PROXMOX_VERSION)
+	touch $@
 
 $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(VENV)/.installed
 	$(PY) -m tests.fixtures.fake_nvml build $(BUILD)/fake_nvml

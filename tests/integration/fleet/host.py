@@ -163,6 +163,15 @@ class Host:
             except ProcessLookupError:
                 pass
 
+    def kill_monitor(self) -> None:
+        """SIGKILL systemd-nspawn only. The container lives on without it (its init is
+        re-parented to this machine's), as a Proxmox container does when its lxc monitor dies:
+        pct then says it is not running. stop() ends it."""
+        self._stopping = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self.wait_stopped(10)
+
     def stop(self, timeout: float = 30) -> None:
         """Clean poweroff via SIGTERM to nspawn; cgroup.kill for whatever is left after."""
         self._stopping = True
