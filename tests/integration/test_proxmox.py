@@ -34,15 +34,23 @@ VENV_BIN = Path(sys.executable).parent
 EXAMPLE = REPO / "inventory" / "pve_remote.example.yml"
 PROXMOX = REPO / ".ansible" / "collections" / "ansible_collections" / "community" / "proxmox"
 HOSTS = ("node1", "node2")
-SPARED = ("bystander", "persistenced", "shm_mapper")
+SPARED = ("bystander", "persistenced", "shm_mapper", "monitor")
 HIDDEN_MIB = 30000
 
 # A GPU holder on the node, charged to a container's cgroup (spawn_attached): it opens the
-# device files, then tells its context inside the container (through a FIFO) its node pid.
+# device files and maps each one (one page, MAP_PRIVATE, as a CUDA context maps /dev/nvidiaN:
+# gpu_reset takes a process that only has them open for a client), then tells its context
+# inside the container (through a FIFO) its node pid.
 HOLDER = """
-import os, signal, sys
+import ctypes, mmap, os, signal, sys
 fifo, paths = sys.argv[1], sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 held = [os.open(path, os.O_RDONLY) for path in paths]
+for fd, path in zip(held, paths):
+    if libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0) in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap of %s failed" % path)
 print("holding", flush=True)
 if fifo != "-":
     peer = open(fifo, "w")  # blocks until the context opens the other end
@@ -172,6 +180,10 @@ class Crashed:
         self.manifest = _crash(fleet, name)
         self.targets = [_outer(self.host, pid) for pid in _targets(self.manifest)]
         self.spared = [_outer(self.host, pid) for pid in _pids(self.manifest, *SPARED)]
+        # CUDA initialised without a context: the container's own reset, which reads NVML, leaves
+        # it alone (it holds no memory); the node's sweep has no NVML here (the fake one lives in
+        # the container), and without NVML mappings alone decide, so the sweep stops it.
+        self.swept_without_nvml = [_outer(self.host, pid) for pid in _pids(self.manifest, "init_only")]
         self.device_files = self.manifest["device_files"]
         self.hidden = None  # (node pid, start ticks) of its hidden holder, when it has one
         self.sharing_neighbour = None  # of a process in another container holding its device files
@@ -264,10 +276,11 @@ def _assert_reset_through_pct(proc, report, scene):
         # The container's own reset (inside, through pct) stopped what it sees, the node's sweep
         # (scoped to the container's cgroup) the holder it does not see: nothing else.
         assert row["status"] == "ok" and row["ok"], row
-        assert row["killed"] == len(crashed.targets) + 1, row
+        assert row["killed"] == len(crashed.targets) + 1 + len(crashed.swept_without_nvml), row
         assert row["mib_freed"] > 0 and row["shm_bytes_freed"] > 0 and row["bytecode_removed"] >= 1, row
         assert not any(_alive(outer) for outer in crashed.targets), name
         assert not _alive(crashed.hidden), name
+        assert not any(_alive(outer) for outer in crashed.swept_without_nvml), name
         assert all(_alive(outer) for outer in crashed.spared), name
         # Held this container's device files from the other container's cgroup: spared.
         assert _alive(crashed.sharing_neighbour), name
@@ -416,7 +429,8 @@ def test_a_container_whose_monitor_died_is_unreachable_through_pct_and_swept_fro
         assert rows["node1"]["status"] == "ok", rows["node1"]
         assert rows["node2"]["status"] == "swept-unreachable" and rows["node2"]["ok"], rows["node2"]
         assert rows["node2"]["problems"][0].startswith("unreachable: "), rows["node2"]
-        assert rows["node2"]["killed"] == len(scene["node2"].targets), rows["node2"]
+        assert rows["node2"]["killed"] == len(scene["node2"].targets + scene["node2"].swept_without_nvml), rows["node2"]
+        assert not any(_alive(outer) for outer in scene["node2"].swept_without_nvml)
         for name in HOSTS:
             assert not any(_alive(outer) for outer in scene[name].targets), name
             assert all(_alive(outer) for outer in scene[name].spared), name

@@ -44,6 +44,19 @@ class FleetError(RuntimeError):
     pass
 
 
+# Every booted systemd (and its journald, logind, udev...) takes inotify instances, counted per
+# user for the whole machine: at Debian's default of 128, a few fleets side by side (or one of
+# two dozen hosts) make a host's PID 1 fail with "Failed to create control group inotify object:
+# Too many open files". Raised, never lowered, for this boot of the test machine only.
+INOTIFY_INSTANCES = 8192
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def _ensure_inotify_instances() -> None:
+    if int(INOTIFY_LIMIT.read_text()) < INOTIFY_INSTANCES:
+        INOTIFY_LIMIT.write_text(str(INOTIFY_INSTANCES))
+
+
 def missing_tools():
     return [tool for tool in REQUIRED_TOOLS if shutil.which(tool) is None]
 
@@ -84,6 +97,7 @@ class Fleet:
         missing = missing_tools()
         if missing:
             raise FleetError(f"missing tools for the fleet: {', '.join(missing)}")
+        _ensure_inotify_instances()
         started = time.monotonic()
         rootfs = ensure_rootfs(self.build_dir)
         wheel = ensure_nvml_wheel(self.build_dir)
