@@ -286,8 +286,8 @@ def line_for(outcome, index, total):
             ran += ", %d failed" % (counts.get("failures", 0) + counts.get("errors", 0))
         if counts.get("skipped"):
             ran += ", %d skipped" % counts["skipped"]
-    text = "[%*d/%d] %-12s %-45s %6.1f s%s" % (len(str(total)), index, total, verdict, mutation.name,
-                                             outcome.seconds, ran)
+    text = "[%*d/%d] %-12s %-45s %6.1f s%s" % (
+        len(str(total)), index, total, verdict, mutation.name, outcome.seconds, ran)
     if outcome.detail:
         text += " (%s)" % outcome.detail
     if mutation.unobservable:
@@ -316,13 +316,13 @@ def table(outcomes):
         lines.append("%-16s %7d %9d %13d %6d" % (group, row["killed"], row["survived"], row["unobservable"], row["error"]))
         for key in total:
             total[key] += row[key]
-    lines.append("%-16s %7d %9d %13d %6d" % ("total", total["killed"], total["survived"], total["unobservable"],
-                                              total["error"]))
+    lines.append("%-16s %7d %9d %13d %6d" % (
+        "total", total["killed"], total["survived"], total["unobservable"], total["error"]))
     return lines, total["killed"], total["killed"] + total["survived"]
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--mutations", nargs="+", default=[str(MUTATIONS)], help="mutation files or directories")
     parser.add_argument("--only", action="append", default=[], help="run only mutations whose group/id matches (glob)")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", "2")), help="scratch copies run at once")
