@@ -9,8 +9,9 @@
    Targets: module under 0.5 s, at least 10x faster than the ritual.
 
 2. Scan. About 2000 live processes (`sleep`), 8 of which hold device files under a private
-   directory. Timed: _procs.scan over those files (what gpu_reset runs) against
-   `fuser -v <files>` on the same files. Target: within 1.5x of fuser.
+   directory. Timed: the pass gpu_reset runs (_procs.process_table with the files: each
+   process's identity, open files and mappings) against `fuser -v <files>` on the same files,
+   which reads open files and mappings too. Target: within 1.5x of fuser.
 
 Medians over --repeat runs; the JSON goes to build/bench/gpu_reset.json.
 
@@ -162,8 +163,9 @@ def bench_scan(repeat, count):
         expected = None
         for _round in range(repeat * 3):
             start = time.perf_counter()
-            held = _procs.scan(files)
+            table = _procs.process_table(paths=files)
             scan_s.append(time.perf_counter() - start)
+            held = [pid for pid, stat in table.items() if stat["opened"] or stat["mapped"]]
             start = time.perf_counter()
             fuser = subprocess.run(["fuser", "-v"] + files, capture_output=True, text=True, check=False)
             fuser_s.append(time.perf_counter() - start)

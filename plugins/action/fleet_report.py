@@ -8,22 +8,39 @@
 The report play used file, copy and template: five module runs on localhost, which cost more
 than three seconds of a reset that should take a few. An action plugin writes both files
 directly and returns the table for the play to print.
+
+The figures of each host (MiB freed per GPU, lost GPUs, seconds per step) are computed here,
+from the step results that node_reset keeps in its node_reset_result fact: arithmetic in
+Python, once per host, instead of a Jinja expression per host that broke on a lost GPU.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
-    "kind": {"type": "str", "required": True, "choices": ["reset", "verify"]},
-    "stamp": {"type": "str", "required": True},
-    "rows": {"type": "list", "elements": "dict", "required": True},
+    "kind": {"type": "str", "required": True},
+    "stamp": {"type": "str"},
+    "hosts": {"type": "list", "elements": "str", "default": []},
+    "rows": {"type": "list", "elements": "dict", "default": []},
+    "columns": {"type": "list", "elements": "dict", "default": []},
+    "not_run": {"type": "str"},
 }
+RESULT_FACT = "node_reset_result"
+# Both end up in file names: no separators, no dot-dot.
+KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
+STAMP = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
+NOT_RUN = "no result: the host failed or did not answer before the role's first step (see the run's output)"
+# The steps in the order they run, as named in node_reset_result.steps.
+STEPS = ("nvml_before", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
 UNITS = ("Bytes", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -37,16 +54,184 @@ def human_bytes(count) -> str:
     return "%d Bytes" % value if unit == 0 else "%.1f %s" % (value, UNITS[unit])
 
 
-def render_markdown(kind: str, stamp: str, rows: list) -> str:
+def _number(value, kind=int):
+    """A figure of a module result as a number; None when it is missing or not a number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ran(step) -> bool:
+    """Whether a registered step result is the step's own answer (not skipped, reached)."""
+    return isinstance(step, Mapping) and bool(step) and not step.get("skipped") and not step.get("unreachable")
+
+
+def _gpus(step, key="gpus") -> list:
+    entries = step.get(key) if _ran(step) else None
+    return [gpu for gpu in entries or [] if isinstance(gpu, Mapping)]
+
+
+def memory_before(steps: Mapping) -> list:
+    """NVML's reading before the reset: the separate read before a unit stop, else gpu_reset's own."""
+    return _gpus(steps.get("nvml_before") or {}) or _gpus(steps.get("gpu_reset") or {}, "memory_before")
+
+
+def mib_freed(before: list, after: list) -> dict:
+    """MiB freed per GPU index: v2 "used" before minus after, never negative.
+
+    A GPU is followed by its UUID, so a GPU that fell off the bus and shifted the indices of
+    the others never has another card's reading subtracted from its own. A GPU without a
+    reading after the reset (lost) has no figure: nothing proves what was freed there."""
+    after_by_uuid = {gpu.get("uuid"): gpu for gpu in after if gpu.get("uuid")}
+    after_by_index = {gpu.get("index"): gpu for gpu in after}
+    freed = {}
+    for gpu in before:
+        used = _number(gpu.get("memory_used_mib"))
+        now = after_by_uuid.get(gpu.get("uuid")) if gpu.get("uuid") else None
+        if now is None:
+            candidate = after_by_index.get(gpu.get("index"))
+            # Only a reading that names no card can stand for this one by index.
+            now = candidate if candidate is not None and not candidate.get("uuid") else None
+        used_after = _number(now.get("memory_used_mib")) if now is not None else None
+        if used is not None and used_after is not None:
+            freed[str(gpu.get("index"))] = max(used - used_after, 0)
+    return freed
+
+
+def _names_lost(problem: str, gpu: dict) -> bool:
+    """True when a problem sentence already says that this GPU is lost."""
+    named = problem.startswith("GPU %s " % gpu["index"]) or bool(gpu.get("uuid") and gpu["uuid"] in problem)
+    return named and " lost" in problem
+
+
+def lost_gpus(before: list, after: list, listed_after) -> list:
+    """The GPUs the last NVML check could not read: {index, uuid}.
+
+    Two ways to be lost: NVML still counts the GPU but cannot read it (no memory figure), or
+    the GPU fell off the bus and NVML no longer lists it, which renumbers the GPUs after it.
+    The second shows only as a UUID read before the reset and missing after it; that is proof
+    only when the check read every GPU NVML lists (a selection of some GPUs misses the others
+    by design). `index` is the GPU's number in the reading where it was last seen."""
+    seen = {gpu.get("uuid") for gpu in after if gpu.get("uuid")}
+    before_by_index = {gpu.get("index"): gpu.get("uuid") for gpu in before}
+    lost = []
+    for gpu in after:
+        if gpu.get("memory_used_mib") is None:
+            uuid = gpu.get("uuid")
+            if not uuid and before_by_index.get(gpu.get("index")) not in seen:
+                # Still counted, so not renumbered: the reading before names it by the same index.
+                uuid = before_by_index.get(gpu.get("index"))
+            lost.append({"index": gpu.get("index"), "uuid": uuid})
+    listed = _number(listed_after)
+    if after and listed is not None and len(after) >= listed:
+        known = {item["uuid"] for item in lost if item["uuid"]}
+        lost += [{"index": gpu.get("index"), "uuid": gpu["uuid"]} for gpu in before
+                 if gpu.get("uuid") and gpu["uuid"] not in seen and gpu["uuid"] not in known]
+    return lost
+
+
+def seconds_per_step(steps: Mapping) -> dict:
+    """Each step's own duration, as its module measured it."""
+    seconds = {}
+    for name in STEPS:
+        step = steps.get(name) or {}
+        value = _number(step.get("elapsed_s", step.get("waited_s")), float) if _ran(step) else None
+        if value is not None:
+            seconds[name] = round(value, 2)
+    return seconds
+
+
+def not_run_row(host: str, why: str) -> dict:
+    return {"host": host, "status": "not run", "ok": False, "changed": False, "killed": 0, "mib_freed": 0,
+            "mib_freed_per_gpu": {}, "gpus_lost": [], "shm_bytes_freed": 0, "bytecode_removed": 0, "seconds": 0.0,
+            "seconds_per_step": {}, "problems": [why]}
+
+
+def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
+    """One row of the report from a host's node_reset_result (None: the role left none)."""
+    if not isinstance(result, Mapping):
+        return not_run_row(host, why_not_run)
+    steps = result.get("steps") if isinstance(result.get("steps"), Mapping) else {}
+    verify = steps.get("nvml_verify") or {}
+    before, after = memory_before(steps), _gpus(verify)
+    freed = mib_freed(before, after)
+    lost = lost_gpus(before, after, verify.get("count") if _ran(verify) else None)
+    problems = [str(problem) for problem in result.get("problems") or []]
+    # nvml_verify names a GPU it selected and found lost ("GPU 0 (...): lost (NVML: ...)"); a GPU
+    # gone from the bus altogether only lowers NVML's count, so the report names that one itself.
+    problems += ["GPU %s (%s) is lost: NVML read it before the reset and cannot read it now."
+                 % (gpu["index"], gpu["uuid"] or "UUID unknown") for gpu in lost
+                 if not any(_names_lost(problem, gpu) for problem in problems)]
+    if result.get("error"):
+        problems.append(str(result["error"]))
+    row = {
+        "host": host,
+        "status": str(result.get("status") or "failed"),
+        "ok": bool(result.get("ok")),
+        "changed": bool(result.get("changed")),
+        "killed": _number(result.get("killed_count")) or 0,
+        "mib_freed": sum(freed.values()),
+        "mib_freed_per_gpu": freed,
+        "gpus_lost": lost,
+        "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
+        "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
+        "seconds": _number(result.get("seconds_total"), float) or 0.0,
+        "seconds_per_step": seconds_per_step(steps),
+        "problems": problems,
+    }
+    if result.get("failed_step"):
+        row["failed_step"] = str(result["failed_step"])
+    if result.get("kind") == "verify":
+        row["mib_used"] = {str(gpu.get("index")): gpu.get("memory_used_mib") for gpu in after}
+    return row
+
+
+def merge_rows(rows: list, extra: list) -> list:
+    """Add the keys of `extra` rows to the row of the same host (a new row for a new host).
+
+    Keys are copied through as given, so a playbook can add its own columns without a change
+    here; `problems` are appended and `ok` is and-ed, so an added result can only make a host
+    worse."""
+    by_host = {row["host"]: row for row in rows}
+    for item in extra:
+        host = item.get("host")
+        if host is None:
+            raise AnsibleActionFail("every row needs a host: %s" % json.dumps(item, sort_keys=True, default=str))
+        row = by_host.get(host)
+        if row is None:
+            row = by_host[host] = dict(host=host)
+            rows.append(row)
+        for key, value in item.items():
+            if key == "problems":
+                row["problems"] = list(row.get("problems") or []) + [str(problem) for problem in value or []]
+            elif key == "ok" and "ok" in row:
+                row["ok"] = bool(row["ok"]) and bool(value)
+            else:
+                row[key] = value
+    return rows
+
+
+def _cell(value) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(kind: str, stamp: str, rows: list, columns=()) -> str:
     """The report as a Markdown table, then one line per host that is not ok, with why."""
-    lines = ["# Fleet %s report %s" % (kind, stamp), "",
-             "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    titles = ["host", "status", "killed", "MiB freed", "shm freed", "bytecode removed", "seconds"]
+    titles += [str(column.get("title") or column["key"]) for column in columns]
+    lines = ["# Fleet %s report %s" % (kind, stamp), "", "| %s |" % " | ".join(titles),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
-        lines.append("| %s | %s | %d | %d | %s | %d | %.1f |" % (
-            row.get("host"), row.get("status"), int(row.get("killed") or 0), int(row.get("mib_freed") or 0),
-            human_bytes(row.get("shm_bytes_freed")), int(row.get("bytecode_removed") or 0),
-            float(row.get("seconds") or 0)))
+        cells = [_cell(row.get("host")), _cell(row.get("status")), "%d" % (_number(row.get("killed")) or 0),
+                 "%d" % (_number(row.get("mib_freed")) or 0), human_bytes(_number(row.get("shm_bytes_freed"))),
+                 "%d" % (_number(row.get("bytecode_removed")) or 0),
+                 "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
+        cells += [_cell(row.get(column["key"])) for column in columns]
+        lines.append("| %s |" % " | ".join(cells))
     bad = [row for row in rows if not row.get("ok")]
     lines += ["", "%d hosts, %d not ok." % (len(rows), len(bad))]
     for row in bad:
@@ -64,6 +249,21 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
+def check_args(args: dict) -> None:
+    """Names that become file names, and columns that name a key; one sentence each."""
+    problems = []
+    if not KIND.match(args["kind"]):
+        problems.append("kind %r must be a lower-case name (letters, digits, - and _), at most 32 characters"
+                        % args["kind"])
+    if args["stamp"] is not None and not STAMP.match(args["stamp"]):
+        problems.append("stamp %r must be letters, digits, - and _ only (it is part of the file names)" % args["stamp"])
+    for column in args["columns"]:
+        if not isinstance(column.get("key"), str) or not column["key"]:
+            problems.append("each column needs a key (the row key it shows), got %r" % (column,))
+    if problems:
+        raise AnsibleActionFail("; ".join(problems))
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -73,16 +273,24 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         del tmp  # not used: nothing runs on a target
         dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
-        base = os.path.join(args["dest"], "%s-%s" % (args["kind"], args["stamp"]))
-        markdown = render_markdown(args["kind"], args["stamp"], args["rows"])
-        document = {"kind": args["kind"], "time": args["stamp"], "hosts": args["rows"]}
+        check_args(args)
+        stamp = args["stamp"] or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        hostvars = (task_vars or {}).get("hostvars") or {}
+        rows = []
+        for host in args["hosts"]:
+            facts = hostvars[host] if host in hostvars else {}
+            rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN))
+        rows = merge_rows(rows, args["rows"])
+        base = os.path.join(args["dest"], "%s-%s" % (args["kind"], stamp))
+        markdown = render_markdown(args["kind"], stamp, rows, args["columns"])
+        document = {"kind": args["kind"], "time": stamp, "hosts": rows}
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      changed=False)
+                      rows=rows, changed=False)
         if self._task.check_mode:
             return result
         try:
             os.makedirs(args["dest"], mode=0o755, exist_ok=True)
-            write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True) + "\n")
+            write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
             write_atomically(base + ".md", markdown)
         except OSError as exc:
             raise AnsibleActionFail("cannot write the fleet report under %s: %s" % (args["dest"], exc)) from exc

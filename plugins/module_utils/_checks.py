@@ -23,10 +23,11 @@ def number_problem(option, value, minimum=None, above=None, maximum=None, unit="
     refused: a NaN compares false with everything, so it would slip through every range check.
     """
     suffix = (" " + unit) if unit else ""
+    of_unit = (" of " + unit) if unit else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "%s must be a number%s, got %r" % (option, suffix, value)
+        return "%s must be a number%s, got %r" % (option, of_unit, value)
     if isinstance(value, float) and not math.isfinite(value):
-        return "%s must be a finite number%s, got %s" % (option, suffix, value)
+        return "%s must be a finite number%s, got %s" % (option, of_unit, value)
     if minimum is not None and value < minimum:
         return "%s must be %s or more%s, got %s" % (option, minimum, suffix, value)
     if above is not None and value <= above:

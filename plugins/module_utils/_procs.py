@@ -90,39 +90,61 @@ def _map_files_targets(pid, proc=PROC):
     return _links_in("%s/%d/map_files" % (proc, pid))
 
 
+def _wanted(paths):
+    """({path as the kernel prints it: path as given}, bytes regex of their directories).
+
+    The regex prefilters maps: every wanted path contains its directory plus "/", and most
+    processes map nothing there. Compiling one alternative per path would take seconds for
+    10,000 paths; their directories are few."""
+    wanted = {}
+    for path in paths:
+        wanted[os.path.normpath(path)] = path
+    prefixes = sorted(set(os.path.join(os.path.dirname(p), "") for p in wanted))
+    needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in prefixes)) if prefixes else None
+    return wanted, needle
+
+
+def _files_of(pid, wanted, needle, include_maps, proc):
+    """(wanted paths the process has open, wanted paths it has mapped), as given."""
+    opened = set()
+    for target in fd_targets(pid, proc):
+        original = wanted.get(kernel_path(target))
+        if original is not None:
+            opened.add(original)
+    mapped = set()
+    if include_maps:
+        found = _mapped_paths(pid, needle, proc)
+        if found is None:
+            found = [kernel_path(t) for t in _map_files_targets(pid, proc)]
+        for target in found:
+            original = wanted.get(target)
+            if original is not None:
+                mapped.add(original)
+    return opened, mapped
+
+
 def scan(paths, include_maps=True, proc=PROC):
     """One pass over /proc: {pid: set of the given paths it has open (or mapped)}.
 
     Paths are compared as the kernel prints them, with a trailing " (deleted)" removed.
     Processes that vanish mid-scan and entries we may not read are skipped.
     """
-    wanted = {}
-    for path in paths:
-        wanted[os.path.normpath(path)] = path
+    wanted, needle = _wanted(paths)
     held = {}
     if not wanted:
         return held
-    # The prefilter needs only the wanted paths' directories: every wanted path contains its
-    # directory plus "/". Compiling one alternative per path takes seconds for 10,000 paths.
-    prefixes = sorted(set(os.path.join(os.path.dirname(p), "") for p in wanted))
-    needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in prefixes))
     for pid in _pids(proc):
-        found = set()
-        for target in fd_targets(pid, proc):
-            original = wanted.get(kernel_path(target))
-            if original is not None:
-                found.add(original)
-        if include_maps:
-            mapped = _mapped_paths(pid, needle, proc)
-            if mapped is None:
-                mapped = [kernel_path(t) for t in _map_files_targets(pid, proc)]
-            for target in mapped:
-                original = wanted.get(target)
-                if original is not None:
-                    found.add(original)
+        opened, mapped = _files_of(pid, wanted, needle, include_maps, proc)
+        found = opened | mapped
         if found:
             held[pid] = found
     return held
+
+
+def mapped_files(pid, needle, proc=PROC):
+    """Every path the process maps, if any of them matches the bytes regex `needle` (else
+    []): e.g. the NVIDIA device files of a process NVML lists, wherever they are mounted."""
+    return _mapped_paths(pid, needle, proc) or []
 
 
 def holders_of(paths, include_maps=True):
@@ -189,18 +211,42 @@ def read_cgroup(pid, proc=PROC):
 
 
 def is_kernel_thread(stat):
-    return bool(stat["flags"] & _PF_KTHREAD) or stat["pid"] == 2 or stat["ppid"] == 2
+    """What the kernel flags as one, and nothing else: inside a container's PID namespace
+    pid 2 and its children are ordinary processes (often the inference server itself)."""
+    return bool(stat["flags"] & _PF_KTHREAD)
 
 
-def process_table(with_cmdline=False, proc=PROC):
-    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass."""
+def now_ticks():
+    """The current time in the unit and clock of starttime in /proc/PID/stat (clock ticks
+    since boot, CLOCK_BOOTTIME, which a time namespace offsets the same way): a process whose
+    starttime is at or after this value started after this call."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def process_table(with_cmdline=False, proc=PROC, paths=None):
+    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass.
+
+    With `paths` (absolute, as the kernel prints them), each entry also has 'opened' and
+    'mapped': the sets of those paths the process has open and has mapped. A process's
+    files and command line are read between two reads of its stat and kept only if its
+    start time did not change in between, so evidence and identity always belong to the
+    same process: a pid reused mid-pass is left out, never given another process's files.
+    """
+    wanted, needle = _wanted(paths) if paths is not None else (None, None)
     table = {}
     for pid in _pids(proc):
         stat = read_stat(pid, proc)
         if stat is None:
             continue
+        if wanted is not None:
+            stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, True, proc) if wanted else (set(), set())
         if with_cmdline:
             stat["cmdline"] = read_cmdline(pid, proc)
+        if with_cmdline or (wanted and (stat["opened"] or stat["mapped"])):
+            again = read_stat(pid, proc)
+            if again is None or again["starttime"] != stat["starttime"]:
+                continue
+            stat["state"] = again["state"]  # a process that exited meanwhile is a zombie now
         table[pid] = stat
     return table
 
@@ -274,6 +320,7 @@ class _Handle(object):
         self.gone = False
         self.gone_at = None
         self.signal = None
+        self.error = None  # (signal name, why) when a signal could not be sent
         if hasattr(os, "pidfd_open"):
             try:
                 self.pidfd = os.pidfd_open(pid)
@@ -287,14 +334,24 @@ class _Handle(object):
             self.gone = True
             self.close()
 
+    def pending(self):
+        """Still to be waited for: not gone, and not refused a signal."""
+        return not self.gone and self.error is None
+
     def alive(self):
         if self.gone:
             return False
         stat = read_stat(self.pid, self.proc)
         return stat is not None and stat["starttime"] == self.starttime and stat["state"] not in ("Z", "X")
 
-    def send(self, signum):
-        """Deliver signum; False if the process turned out to be gone already."""
+    def running(self):
+        """Alive and runnable (state R): after SIGKILL, a process on its way out."""
+        stat = read_stat(self.pid, self.proc)
+        return (stat is not None and stat["starttime"] == self.starttime and stat["state"] == "R")
+
+    def send(self, signum, name):
+        """Deliver signum; False if the process turned out to be gone already or the
+        signal was refused (then `error` says why, e.g. another user's process)."""
         if self.gone:
             return False
         try:
@@ -305,6 +362,9 @@ class _Handle(object):
             else:
                 return False
         except ProcessLookupError:
+            return False
+        except OSError as exc:  # EPERM above all: not ours to signal
+            self.error = (name, exc.strerror or str(exc))
             return False
         return True
 
@@ -324,10 +384,11 @@ def _reap(pid):
 
 
 def _wait(handles, deadline, started, clock):
-    """Mark handles gone as they exit, until all are gone or the deadline passes."""
+    """Mark handles gone as they exit, until all are gone or the deadline passes. Always
+    checks each one at least once, however close the deadline."""
     delay = 0.002
     while True:
-        waiting = [h for h in handles if not h.gone]
+        waiting = [h for h in handles if h.pending()]
         now = clock()
         for handle in waiting:
             if not handle.alive():
@@ -350,38 +411,62 @@ def _wait(handles, deadline, started, clock):
             delay = min(delay * 2, 0.05)
 
 
+# After SIGKILL a process is runnable until the kernel has torn it down, which takes a
+# moment after kill() returns (longer on a busy machine). One still runnable when
+# kill_timeout ends is on its way out, not a survivor: it gets up to this much longer.
+# A process that cannot die is not runnable: it sleeps uninterruptibly (state D).
+SETTLE_S = 2.0
+
+
+def _settle(handles, started, clock):
+    limit = clock() + SETTLE_S
+    while clock() < limit:
+        running = [h for h in handles if h.pending() and h.running()]
+        if not running:
+            break
+        _wait(running, min(limit, clock() + 0.05), started, clock)
+    _wait(handles, clock(), started, clock)  # the last look, after the deadline
+
+
 def terminate(targets, grace_period, kill_timeout, proc=PROC, clock=time.monotonic):
     """Stop targets, a list of (pid, starttime): SIGTERM to all at once, SIGKILL to those
-    still there after grace_period, then wait up to kill_timeout.
+    still there after grace_period, then wait up to kill_timeout (and for a process still
+    on its way out, see SETTLE_S).
 
-    Returns (ended, survivors, signalled): ended is [{pid, signal, seconds}] for every
-    process that we signalled and that is gone (exited or zombie), signal being the one
-    after which it went; survivors are the pids still alive; signalled is how many
-    processes received at least one signal.
+    Returns {ended, survivors, signalled, refused}: ended is [{pid, signal, seconds}] for
+    every process that we signalled and that is gone (exited or zombie), signal being the
+    one after which it went; survivors are the pids still alive after SIGKILL; signalled
+    is how many processes received at least one signal; refused is [{pid, signal, error}]
+    for every process a signal could not be sent to (it is left as it was, and alive).
     """
     started = clock()
     handles = [_Handle(pid, starttime, proc) for pid, starttime in targets]
     signalled = 0
     try:
         for handle in handles:
-            if handle.send(signal.SIGTERM):
+            if handle.send(signal.SIGTERM, "SIGTERM"):
                 handle.signal = "SIGTERM"
                 signalled += 1
-            else:
+            elif handle.error is None:
                 handle.gone = True
         _wait(handles, started + grace_period, started, clock)
         for handle in handles:
-            if not handle.gone:
-                if handle.send(signal.SIGKILL):
+            if handle.pending():
+                if handle.send(signal.SIGKILL, "SIGKILL"):
                     handle.signal = "SIGKILL"
-                else:
+                elif handle.error is None:
                     handle.gone = True
                     handle.gone_at = clock() - started
         _wait(handles, clock() + kill_timeout, started, clock)
+        _settle(handles, started, clock)
     finally:
         for handle in handles:
             handle.close()
     ended = [{"pid": h.pid, "signal": h.signal, "seconds": round(h.gone_at, 3)}
              for h in handles if h.gone and h.signal is not None and h.gone_at is not None]
-    survivors = [h.pid for h in handles if not h.gone]
-    return ended, survivors, signalled
+    return {
+        "ended": ended,
+        "survivors": [h.pid for h in handles if h.pending()],
+        "signalled": signalled,
+        "refused": [{"pid": h.pid, "signal": h.error[0], "error": h.error[1]} for h in handles if h.error is not None],
+    }

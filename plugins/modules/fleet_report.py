@@ -14,8 +14,12 @@ description:
   - Writes one report of a fleet run under O(dest) on the controller, as JSON (C(<kind>-<stamp>.json)) and as a Markdown
     table (C(<kind>-<stamp>.md)) with one row per host, then the hosts that are not ok with their problems.
   - Runs entirely on the controller, whatever host the task runs for; it never connects to a target.
-  - The report play of C(cleanslate.gpu.reset) and C(cleanslate.gpu.verify) builds the rows from each host's
-    C(node_reset_result) fact.
+  - With O(hosts), builds each host's row from its C(node_reset_result) fact, set by the C(cleanslate.gpu.node_reset)
+    role. It computes the MiB freed per GPU (NVML v2 "used" before the reset minus after it, each GPU followed by its UUID), the
+    GPUs lost during the reset, and the seconds of each step as its module measured them. A host without that fact is
+    reported V(not run).
+  - The report play of C(cleanslate.gpu.reset) and C(cleanslate.gpu.verify) (C(playbooks/fleet_report.yml)) calls it
+    with every host of the run.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
@@ -41,32 +45,89 @@ options:
     type: path
     required: true
   kind:
-    description: Which run the report is of; the first part of the file names.
+    description:
+      - Which run the report is of (for example V(reset) or V(verify)); the first part of the file names.
+      - A lower-case name of letters, digits, C(-) and C(_), at most 32 characters.
     type: str
     required: true
-    choices: [reset, verify]
   stamp:
-    description: Time stamp of the run, the second part of the file names, for example C(20261129T101500Z).
+    description:
+      - Time stamp of the run, the second part of the file names, for example C(20261129T101500Z); letters, digits,
+        C(-) and C(_) only.
+      - When not given, the controller's current UTC time in that form.
     type: str
-    required: true
+  hosts:
+    description:
+      - Inventory names of the hosts to report, in this order; each row is built from the host's C(node_reset_result)
+        fact.
+      - 'Row keys: C(host), C(status), C(ok), C(changed), C(killed) (in a read-only run: what a reset would stop),
+        C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
+        entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
+        C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run.'
+    type: list
+    elements: str
+    default: []
   rows:
     description:
-      - One dictionary per host. The Markdown table reads C(host), C(status), C(ok), C(killed), C(mib_freed),
-        C(shm_bytes_freed), C(bytecode_removed), C(seconds) and C(problems); the JSON keeps every key.
+      - One dictionary per host, each with C(host). Its keys are added to the row of that host built from O(hosts)
+        (a row of its own for another host). Every key is copied through to the JSON; C(problems) are appended and
+        C(ok) is and-ed, so an added result can only make a host worse.
+      - The Markdown table reads C(host), C(status), C(ok), C(killed), C(mib_freed), C(shm_bytes_freed),
+        C(bytecode_removed), C(seconds) and C(problems), plus the keys of O(columns).
     type: list
     elements: dict
-    required: true
+    default: []
+  columns:
+    description:
+      - More columns of the Markdown table, after the standard ones, each C({key, title}); C(key) names a row key and
+        C(title) (default the key) heads the column.
+    type: list
+    elements: dict
+    default: []
+  not_run:
+    description:
+      - Why a host of O(hosts) without C(node_reset_result) was not run, for its row (for example that the rollout
+        stopped). When not given, the row says the host failed or did not answer before the role's first step.
+    type: str
 notes:
   - Writing the report is not a change of any target, so the task reports C(changed=false) and a second reset of
     a clean fleet recaps C(changed=0) everywhere.
 """
 
 EXAMPLES = r"""
-- name: Write the report of this reset
+- name: Write the report of a reset, one row per host from its node_reset_result
   cleanslate.gpu.fleet_report:
     dest: "{{ playbook_dir }}/../reports"
     kind: reset
-    stamp: "{{ now(utc=true, fmt='%Y%m%dT%H%M%SZ') }}"
+    hosts: "{{ ansible_play_hosts_all }}"
+  delegate_to: localhost
+  run_once: true
+  register: report
+
+- name: Print it
+  ansible.builtin.debug:
+    msg: "{{ report.markdown }}"
+  run_once: true
+
+- name: Add a column of another role's results to the same report
+  cleanslate.gpu.fleet_report:
+    dest: "{{ playbook_dir }}/../reports"
+    kind: reset_and_serve
+    hosts: "{{ ansible_play_hosts_all }}"
+    rows:
+      - host: gpu-node-01
+        service: ready
+    columns:
+      - key: service
+        title: service
+  delegate_to: localhost
+  run_once: true
+
+- name: Write a report from rows built elsewhere
+  cleanslate.gpu.fleet_report:
+    dest: /srv/reports
+    kind: reset
+    stamp: 20261129T101500Z
     rows:
       - host: gpu-node-01
         status: ok
@@ -77,12 +138,6 @@ EXAMPLES = r"""
         bytecode_removed: 1
         seconds: 4.2
         problems: []
-  run_once: true
-  register: report
-
-- name: Print it
-  ansible.builtin.debug:
-    msg: "{{ report.markdown }}"
   run_once: true
 """
 
@@ -97,6 +152,15 @@ markdown_path:
   returned: always
   type: str
   sample: /srv/ansible/reports/reset-20261129T101500Z.md
+rows:
+  description: The rows written, one per host (see O(hosts) and O(rows) for the keys).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"host": "gpu-node-01", "status": "ok", "ok": true, "changed": true, "killed": 9, "mib_freed": 565000,
+            "mib_freed_per_gpu": {"0": 282500, "1": 282500}, "gpus_lost": [], "shm_bytes_freed": 1048576,
+            "bytecode_removed": 1, "seconds": 4.2, "seconds_per_step": {"gpu_reset": 3.1, "nvml_verify": 0.4},
+            "problems": []}]
 markdown:
   description: The Markdown report, one list item per line.
   returned: always

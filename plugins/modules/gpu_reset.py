@@ -11,18 +11,42 @@ module: gpu_reset
 short_description: Stop exactly the processes that hold the NVIDIA GPUs
 version_added: 0.1.0
 description:
-  - Finds every process that holds an NVIDIA device file (read with C(readlink) on C(/proc/PID/fd) and C(/proc/PID/maps),
-    never C(stat), so a stuck network mount cannot hang the scan), every process NVML lists on the selected GPUs once it
-    is confirmed to hold a device, every process whose command line matches O(cmdline_patterns) and, with
-    O(include_children), every descendant of those.
+  - Finds the processes that hold GPU memory, from evidence tied to each process, namely its mappings of the device files
+    of O(device_paths) (read from C(/proc/PID/maps) and with C(readlink), never C(stat), so a stuck network mount
+    cannot hang the scan) and NVML's per-GPU process list, checked against them.
+  - A process with a CUDA context maps C(/dev/nvidiaN) of every GPU visible to it, C(nvidiactl) and C(nvidia-uvm),
+    and NVML lists it on the GPU of its context; that narrows it there, once the process is confirmed to map that
+    GPU and to have started before the reading (a pid NVML lists may be a dead process's, reused since).
+  - A process that maps GPU files but that NVML does not list there (a child forked after CUDA initialisation keeps
+    its parent's mappings and context, and NVML goes on listing the dead parent) holds the memory of those GPUs
+    that NVML cannot attribute to a live process it lists (a listed pid that is gone, or memory used above the
+    listed shares by more than 256 MiB, as when NVML cannot see the pids of a container). Where all the memory is
+    accounted for, such a process holds none (CUDA initialised without a context maps the GPU files too) and is a
+    GPU client. It cannot be told apart from a forked child where memory is unaccounted for, since neither maps
+    C(nvidia-uvm) (which RV(targets[].evidence) reports).
+  - Without NVML the mappings alone decide. Every process that maps a device file is a holder, of every GPU whose
+    file it maps (a process with every GPU visible counts for each of them).
+  - A process that only has device files open, mapping none, holds no GPU memory (NVML monitors, C(nvidia-smi),
+    exporters, the Kubernetes device plugin open every device file). It is never a target because of the device
+    files, only through O(cmdline_patterns) or as a child of a target; it is reported in RV(clients), as are the
+    mapping processes found to hold no memory.
+  - Also a target is every process NVML lists that maps an NVIDIA device file outside O(device_paths) (for example
+    a container's), every process whose command line matches O(cmdline_patterns) and, with O(include_children),
+    every descendant of those.
   - Sends C(SIGTERM) to all of them at once, waits up to O(grace_period) seconds, sends C(SIGKILL) to what remains and
     waits up to O(kill_timeout) seconds. A zombie holds no GPU memory and counts as gone.
-  - Never a target are PID 1, kernel threads, the module itself and its ancestors, and processes named in
-    O(protect_names). These exclusions apply before children are followed, so a process never becomes a target only
-    because an excluded parent holds a device.
-  - Fails, with one line per process, when a target is still alive after C(SIGKILL); a process in uninterruptible
-    sleep (state C(D)) needs a reboot or a GPU reset. The module never resets a GPU, changes persistence mode or
-    unloads a driver.
+  - Then scans again, with a fresh NVML reading. A holder that appeared during the reset (a C(SIGTERM) handler that
+    forks, a parent forking in a loop, a forked child that keeps a stopped parent's context, which NVML then lists
+    under the dead parent's pid) is signalled the same way in a further round, up to 3 rounds in all; a holder still
+    there after the last round fails the task by name.
+  - Never a target are PID 1, kernel threads (what the kernel flags as one), the module itself and its ancestors,
+    and processes named in O(protect_names). These exclusions apply before children are followed, so a process never
+    becomes a target only because an excluded parent holds a device.
+  - Fails, with one line per process, when a target is still alive after C(SIGKILL) (a process in uninterruptible
+    sleep, state C(D), needs a reboot or a GPU reset) or could not be signalled. The module never resets a GPU,
+    changes persistence mode or unloads a driver.
+  - Every option is checked before anything is read or signalled; a bad value fails the task with one sentence per
+    problem.
   - Without an NVIDIA driver or without the C(pynvml) library it works from the device files alone and says so in
     RV(nvml).
 author:
@@ -38,30 +62,37 @@ attributes:
   diff_mode:
     description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The holders of the device files before and after.
+    details: The processes that map the device files, before and after.
   platform:
     description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 notes:
   - Linux only (it reads C(/proc)).
+  - Runs as root. Without root it cannot read other users' mappings nor signal their processes, so it fails at once
+    unless O(users) limits it to processes it may signal; a signal that is refused anyway is reported per process in
+    RV(survivors) and fails the task.
   - C(/dev/nvidiaN) is mapped to GPU index N, which is also the NVML index on hosts where the device minor numbers follow
     PCI order, as the NVIDIA driver assigns them by default.
-  - A process matched by O(cmdline_patterns) that holds no GPU device is a target even when O(gpus) is given, since no
+  - A process matched by O(cmdline_patterns) that maps no GPU device is a target even when O(gpus) is given, since no
     GPU is known for it; make the pattern specific to the server that runs on those GPUs.
+  - Names and command lines are returned as text; a byte that is not UTF-8 (a process may set any bytes in its argv)
+    is written as the four characters C(\xNN), so the result stays valid.
 options:
   device_paths:
     description:
       - Glob patterns of the device files whose holders are targets.
-      - A pattern that matches nothing is not an error.
+      - A match that is a symbolic link, or lies under one (such as C(/dev/char/195:0)), is resolved first, since the
+        kernel shows open and mapped files by their real path.
+      - A pattern that matches nothing is not an error. Each pattern must be an absolute path.
     type: list
     elements: str
     default: ['/dev/nvidia[0-9]*', '/dev/nvidiactl', '/dev/nvidia-uvm*', '/dev/nvidia-caps/*']
   gpus:
     description:
-      - Only stop holders of these GPUs, given as indices or UUIDs (UUIDs need NVML).
-      - A holder of C(/dev/nvidiaN) for a GPU not listed here, and not listed by NVML on a selected GPU, is spared.
-        A process that holds only shared files such as C(/dev/nvidiactl) has no known GPU and is spared too.
+      - Only stop holders of these GPUs, given as indices (C(0), C(1), ...) or UUIDs (C(GPU-...), which need NVML).
+      - A holder is spared when every GPU it is found to use (see the description) is outside this list. A process
+        that maps only shared files such as C(/dev/nvidiactl) has no known GPU and is spared too.
       - Empty means every GPU.
     type: list
     elements: str
@@ -70,6 +101,8 @@ options:
     description:
       - Regular expressions searched in the full command line (arguments joined by spaces).
       - Matching processes are targets even if they hold no device, for example an API server whose workers died.
+      - A pattern that matches the empty string (C(""), C(|), C(x?)) or this module's own command line or interpreter
+        path (C(python3), C(ansible)) would match far more than a server, and is refused.
     type: list
     elements: str
     default: []
@@ -77,15 +110,20 @@ options:
     description:
       - Only stop processes whose C(/proc/PID/cgroup) contains this text, for example C(/lxc/129/) for the processes of
         Proxmox container 129 seen from the Proxmox node.
+      - Must not be empty (an empty text is in every process's cgroup); leave the option out for no such limit.
     type: str
   users:
     description:
       - Only stop processes owned by these users (names or numeric uids).
+      - Must not be an empty list (it would match no process); leave the option out for any user.
+      - Needed when the module does not run as root, which may signal only its own user's processes.
     type: list
     elements: str
   protect_names:
     description:
       - Process names that are never stopped. Holders with these names are reported in RV(protected).
+      - The names given are protected in addition to the default list, which is always protected, so a list with one
+        more name does not drop the defaults. Stop such daemons through their own service when that is meant.
       - A name is compared with the kernel's C(comm), the executable's base name and C(argv[0])'s base name.
     type: list
     elements: str
@@ -106,12 +144,14 @@ options:
     default: true
   grace_period:
     description:
-      - Seconds between C(SIGTERM) and C(SIGKILL). C(0) sends C(SIGKILL) right after C(SIGTERM).
+      - Seconds between C(SIGTERM) and C(SIGKILL), from 0 to 3600. C(0) sends C(SIGKILL) right after C(SIGTERM).
     type: float
     default: 30
   kill_timeout:
     description:
-      - Seconds to wait for the processes to go after C(SIGKILL) before failing.
+      - Seconds to wait for the processes to go after C(SIGKILL) before failing, from 0 to 3600.
+      - A process still running when it ends is on its way out (the kernel is tearing it down) and is given up to
+        2 seconds more; a process that cannot die sleeps uninterruptibly (state C(D)) and is not waited for longer.
     type: float
     default: 10
 """
@@ -146,7 +186,8 @@ EXAMPLES = r"""
 RETURN = r"""
 targets:
   description:
-    - The processes found to be stopped (in check mode, those that would be signalled), sorted by pid.
+    - The processes found to be stopped (in check mode, those that would be signalled), sorted by round and pid.
+    - Text fields carry bytes that are not UTF-8 as C(\xNN).
   returned: always
   type: list
   elements: dict
@@ -176,12 +217,12 @@ targets:
       type: float
       sample: 1732870000.12
     gpus:
-      description: GPU indices it was found to use.
+      description: GPU indices it was found to use (see the module's description for how).
       type: list
       elements: int
       sample: [0]
     devices:
-      description: Device files it holds.
+      description: Device files it maps.
       type: list
       elements: str
       sample: [/dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm]
@@ -192,10 +233,20 @@ targets:
       sample: 70112
     reason:
       description:
-        - Why it is a target. V(device) holds a device file, V(nvml) is listed by NVML and holds an NVIDIA device file
+        - Why it is a target. V(device) maps a device file, V(nvml) is listed by NVML and maps an NVIDIA device file
           outside O(device_paths), V(cmdline) matches O(cmdline_patterns), V(child) descends from a target.
       type: str
       sample: device
+    evidence:
+      description:
+        - What makes it a target, in words. For a process that maps device files, which GPUs, whether it maps
+          C(nvidia-uvm) (a CUDA context of its own, unlike a forked child) and what NVML says of it.
+      type: str
+      sample: maps GPU 0, with nvidia-uvm; NVML lists it on GPU 0
+    round:
+      description: The round of signals it was found in; V(1) unless it appeared during the reset.
+      type: int
+      sample: 1
 killed:
   description: Processes that were signalled and are gone (exited or zombie).
   returned: always
@@ -215,11 +266,13 @@ killed:
       type: str
       sample: SIGTERM
     seconds:
-      description: Seconds from the first C(SIGTERM) until it was gone.
+      description: Seconds from the first C(SIGTERM) of its round until it was gone.
       type: float
       sample: 0.012
 survivors:
-  description: Targets still alive after O(kill_timeout); any makes the task fail.
+  description:
+    - Targets not stopped; any makes the task fail. Each is still alive after C(SIGKILL), or could not be signalled
+      (another user's process, without root), or appeared during the reset and was still there after the last round.
   returned: always
   type: list
   elements: dict
@@ -237,14 +290,46 @@ survivors:
       type: str
       sample: D
     devices:
-      description: Device files it holds.
+      description: Device files it maps.
       type: list
       elements: str
       sample: [/dev/nvidia0]
+    signalled:
+      description: The signals it received, in order (empty when none could be sent).
+      type: list
+      elements: str
+      sample: [SIGTERM, SIGKILL]
     action:
-      description: What to do about it.
+      description: What happened and what to do about it.
       type: str
       sample: reboot or GPU reset required
+clients:
+  description:
+    - Processes that have device files of O(device_paths) open or mapped but hold no GPU memory by the evidence (NVML
+      monitors, exporters, device plugins, CUDA initialised without a context), left alone. A client matched by
+      O(cmdline_patterns) or descending from a target is a target instead.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+      sample: 2100
+    name:
+      description: Process name.
+      type: str
+      sample: dcgm-exporter
+    devices:
+      description: Device files it has open.
+      type: list
+      elements: str
+      sample: [/dev/nvidia0, /dev/nvidia1, /dev/nvidiactl]
+    maps:
+      description: Device files it maps (empty for a monitor).
+      type: list
+      elements: str
+      sample: []
 protected:
   description: Processes that hold a device, match a pattern or descend from a target, but are never stopped.
   returned: always
@@ -301,6 +386,7 @@ elapsed_s:
 import glob
 import os
 import re
+import sys
 import time
 import traceback
 
@@ -308,6 +394,8 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 try:
     import psutil
@@ -325,47 +413,99 @@ DEFAULT_PROTECT_NAMES = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter"
 # /dev/nvidia3 -> GPU 3; any NVIDIA device file, wherever a container mounts it.
 GPU_DEVICE = re.compile(r"(?:^|/)nvidia(\d+)$")
 NVIDIA_DEVICE = re.compile(r"(?:^|/)nvidia(?:\d+|ctl|-uvm[-\w]*|-modeset|-caps/.*)$")
+NVIDIA_IN_MAPS = re.compile(b"/nvidia")
+# GPU selectors: ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it), or a UUID.
+GPU_INDEX = re.compile(r"[0-9]{1,4}")
+GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+", re.IGNORECASE)
+
+# Memory NVML shows as used on a GPU beyond what it lists for live processes that explain
+# themselves. The real driver lists a process's share a few MiB below what it counts as used;
+# a CUDA context takes far more than this.
+UNATTRIBUTED_MIB = 256
+MAX_WAIT_S = 3600  # an hour: longer than any server's shutdown, short enough for poll() and a play
+MAX_ROUNDS = 3  # the first round of signals, then up to two for holders that appeared during it
 
 D_STATE_ACTION = "reboot or GPU reset required"
 OTHER_ACTION = "still alive %g s after SIGKILL: inspect it (cat /proc/%d/stack), then reboot if it stays"
+REFUSED_ACTION = "not signalled: %s was refused (%s); run the module as root (become: true)"
+APPEARED_ACTION = ("appeared during the reset and still holds after %d rounds of signals: find what starts it "
+                   "(a supervisor or a restarting service), stop that, then run again")
+ROOT_NEEDED = ("gpu_reset needs root (become: true): without it, other users' GPU holders can be neither seen (their "
+               "/proc/PID/maps) nor signalled; to stop only processes of your own, give users")
 
 
 class BadInput(Exception):
-    """An option value we refuse, worded for the user."""
+    """A GPU selector we refuse once NVML or the device files say which GPUs exist."""
 
 
-def check_params(params):
-    """Every bad value, found before anything is read or signalled."""
-    for option in ("grace_period", "kill_timeout"):
-        if params[option] < 0:
-            raise BadInput("%s must be zero or more seconds, got %s" % (option, params[option]))
-    patterns = []
-    for pattern in params["cmdline_patterns"]:
-        try:
-            patterns.append(re.compile(pattern))
-        except re.error as exc:
-            raise BadInput("cmdline_patterns: %r is not a valid regular expression: %s" % (pattern, exc))
+def compile_pattern(pattern, own):
+    """(compiled regex, None) or (None, the sentence saying why the pattern is refused)."""
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, OverflowError, RecursionError, MemoryError, ValueError) as exc:
+        return None, "cmdline_patterns: %r is not a valid regular expression: %s" % (pattern, str(exc) or type(exc).__name__)
+    if compiled.search("") is not None:
+        return None, ("cmdline_patterns: %r matches the empty string, so it matches every process; make it name the "
+                      "server, such as 'vllm serve .* --port 8001'" % pattern)
+    for line in own:
+        found = compiled.search(line)
+        if found is not None:
+            return None, ("cmdline_patterns: %r matches %r in this module's own command line (%s), so it matches far "
+                          "more than a server; make it name the server" % (pattern, found.group(0), printable(line)))
+    return compiled, None
+
+
+def own_command_lines():
+    """What no pattern may match: this module's command line and its interpreter's path, as
+    given and resolved (a venv's bin/python is a link to the python3.X every Python runs)."""
+    lines = [" ".join(_procs.read_cmdline(os.getpid())), sys.executable, os.path.realpath(sys.executable)]
+    return [line for line in lines if line]
+
+
+def input_problems(params):
+    """One sentence per bad option value, found before anything is read or signalled."""
+    problems = [number_problem(option, params[option], minimum=0, maximum=MAX_WAIT_S, unit="seconds")
+                for option in ("grace_period", "kill_timeout")]
+    own = own_command_lines()
+    problems.extend(compile_pattern(pattern, own)[1] for pattern in params["cmdline_patterns"])
     for path in params["device_paths"]:
-        if not path.startswith("/"):
-            raise BadInput("device_paths: %r is not an absolute path" % path)
-    return patterns
+        if not path.startswith("/") or "\0" in path:
+            problems.append("device_paths: %r is not an absolute path" % path)
+    for selector in params["gpus"]:
+        text = selector.strip()
+        if not (GPU_INDEX.fullmatch(text) or GPU_UUID.fullmatch(text)):
+            problems.append("gpus: %r is neither a GPU index (0, 1, ...) nor a GPU UUID (GPU-...)" % selector)
+    if params["cgroup"] is not None and not params["cgroup"].strip():
+        problems.append("cgroup: %r is in every process's cgroup, so it limits nothing; leave cgroup out for no limit"
+                        % params["cgroup"])
+    users = params["users"]
+    if users is not None:
+        if not users:
+            problems.append("users: an empty list matches no process; leave users out for any user")
+        problems.extend("users: %r is not a user name or uid" % user for user in users if not user.strip())
+    elif os.geteuid() != 0:
+        problems.append(ROOT_NEEDED)
+    return problems
 
 
-def expand(globs):
+def device_files(globs):
+    """The device files, each as the kernel shows it in fd links and maps: symbolic links
+    (/dev/char/195:0, or a linked directory on the way) resolved."""
     paths = set()
     for pattern in globs:
-        paths.update(glob.glob(pattern))
+        paths.update(os.path.realpath(path) for path in glob.glob(pattern))
     return sorted(paths)
 
 
 def read_nvml():
-    """(snapshot or None, 'ok' or 'unavailable: why')."""
+    """(snapshot or None, 'ok' or 'unavailable: why', when the reading began in clock ticks)."""
+    began = _procs.now_ticks()
     if not _nvml.HAS_PYNVML:
-        return None, "unavailable: the Python library nvidia-ml-py (import pynvml) is not installed"
+        return None, "unavailable: the Python library nvidia-ml-py (import pynvml) is not installed", began
     try:
-        return _nvml.snapshot(), "ok"
+        return _nvml.snapshot(), "ok", began
     except _nvml.NvmlError as exc:
-        return None, "unavailable: %s" % exc
+        return None, "unavailable: %s" % exc, began
 
 
 def select_gpus(selectors, snapshot, nvml_status, paths):
@@ -374,14 +514,14 @@ def select_gpus(selectors, snapshot, nvml_status, paths):
         return None
     if snapshot is not None:
         try:
-            return set(_nvml.resolve_gpus(snapshot, selectors))
+            return set(_nvml.resolve_gpus(snapshot, [s.strip() for s in selectors]))
         except ValueError as exc:
             raise BadInput("gpus: %s" % exc)
     valid = sorted(set(int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m))
     chosen = set()
     for selector in selectors:
-        text = str(selector).strip()
-        if not text.isdigit() or int(text) not in valid:
+        text = selector.strip()
+        if not GPU_INDEX.fullmatch(text) or int(text) not in valid:
             raise BadInput("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
                            % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
         chosen.add(int(text))
@@ -401,26 +541,129 @@ def nvml_processes(snapshot):
 
 
 class Planner(object):
-    """Decides the targets from one scan of the device holders and one process table."""
+    """Decides the targets from one pass over /proc (identity, open files, mappings and
+    command line of each process read together) and the NVML reading taken before it."""
 
-    def __init__(self, params, patterns, paths, snapshot, selected):
+    def __init__(self, params, patterns, paths, snapshot, reading, selected):
         self.params = params
         self.patterns = patterns
         self.selected = selected
-        self.protect = set(params["protect_names"])
+        self.protect = set(DEFAULT_PROTECT_NAMES).union(params["protect_names"])
         self.users = set(params["users"]) if params["users"] is not None else None
-        self.held = dict((pid, sorted(devs)) for pid, devs in _procs.scan(paths).items())
-        self.nvml = nvml_processes(snapshot)
-        self.table = _procs.process_table(with_cmdline=bool(patterns))
+        self.has_nvml = snapshot is not None
+        self.listed_on = nvml_processes(snapshot)
+        self.used = dict((gpu["index"], gpu["memory_used_mib"]) for gpu in (snapshot or {}).get("gpus", []))
+        self.lost = set(gpu["index"] for gpu in (snapshot or {}).get("lost", []))
+        self.reading = reading
+        self.table = _procs.process_table(with_cmdline=bool(patterns), paths=paths)
+        self.mapped = dict((pid, sorted(stat["mapped"])) for pid, stat in self.table.items() if stat["mapped"])
+        self.elsewhere = self._listed_nvidia_maps()
         self.own = set(_procs.ancestors(os.getpid()))
         self.reasons = {}
+        self.why = {}  # evidence in words of the targets that map no device file
         self.protected = {}
         self.excluded = {}
+        self._gpus = {}
+        self._orphaned = None
+
+    # --- which GPUs a process uses ---------------------------------------------------------
+
+    def believed(self, pid):
+        """NVML lists this pid and it is the process NVML saw: alive, and started before the
+        reading (a process that started after it took over a pid NVML still lists)."""
+        stat = self.table.get(pid)
+        return (pid in self.listed_on and stat is not None and stat["state"] not in ("Z", "X")
+                and stat["starttime"] < self.reading)
+
+    def _listed_nvidia_maps(self):
+        """{pid: NVIDIA device files it maps} for processes NVML lists that map nothing in
+        device_paths: their devices may be mounted elsewhere (a container's /dev)."""
+        found = {}
+        for pid in sorted(self.listed_on):
+            if pid in self.mapped or not self.believed(pid):
+                continue
+            paths = sorted(set(p for p in _procs.mapped_files(pid, NVIDIA_IN_MAPS) if NVIDIA_DEVICE.search(p)))
+            stat = _procs.read_stat(pid)
+            if paths and stat is not None and stat["starttime"] == self.table[pid]["starttime"]:
+                found[pid] = paths
+        return found
+
+    def maps(self, pid):
+        return self.mapped.get(pid) or self.elsewhere.get(pid, [])
+
+    def mapped_gpus(self, pid):
+        return set(int(m.group(1)) for m in map(GPU_DEVICE.search, self.maps(pid)) if m)
+
+    def listed(self, pid):
+        return set(self.listed_on[pid]) if self.believed(pid) else set()
+
+    def orphaned(self):
+        """GPUs whose memory NVML cannot attribute to a live process it lists: a listed pid
+        that is gone, a zombie, started after the reading or does not map that GPU (a child
+        forked after CUDA initialisation keeps its dead parent's context, and NVML keeps
+        listing the parent), or "used" above the listed shares by more than UNATTRIBUTED_MIB
+        (pids NVML cannot show, as in a container). A GPU NVML could not read counts too:
+        there the mappings alone decide."""
+        if self._orphaned is None:
+            self._orphaned = set(self.lost)
+            explained = {}
+            for pid, per_gpu in self.listed_on.items():
+                listed, maps = self.listed(pid), self.mapped_gpus(pid)
+                for gpu, mib in per_gpu.items():
+                    if gpu in listed and self.maps(pid) and (not maps or gpu in maps):
+                        explained.setdefault(gpu, []).append(mib)
+                    else:
+                        self._orphaned.add(gpu)
+            for gpu, used in self.used.items():
+                shares = explained.get(gpu, [])
+                if used is not None and None not in shares and used - sum(shares) > UNATTRIBUTED_MIB:
+                    self._orphaned.add(gpu)
+        return self._orphaned
 
     def gpus_of(self, pid):
-        gpus = set(int(m.group(1)) for m in map(GPU_DEVICE.search, self.held.get(pid, ())) if m)
-        gpus.update(self.nvml.get(pid, {}))
-        return gpus
+        """The GPUs this process holds memory on, as far as the evidence tells: an empty set
+        for a process that maps device files but holds no memory (CUDA initialised without a
+        context, or a forked child whose parent's context lives on)."""
+        if pid not in self._gpus:
+            maps = self.mapped_gpus(pid)
+            listed = self.listed(pid)
+            if not self.has_nvml:
+                gpus = maps  # mappings alone: every GPU it maps
+            elif listed and not maps:
+                gpus = listed if self.maps(pid) else set()  # device files without an index in their name
+            elif listed & maps:
+                gpus = listed & maps
+            else:  # NVML does not list it where it maps: it holds only memory nobody else explains
+                gpus = maps & self.orphaned()
+            self._gpus[pid] = gpus
+        return self._gpus[pid]
+
+    def holds_memory(self, pid):
+        """Whether the mappings (and NVML, when it answered) say this process holds GPU memory."""
+        return not self.has_nvml or bool(self.gpus_of(pid))
+
+    def evidence(self, pid):
+        """One line on what makes the process a target (or a client), for the report."""
+        maps = self.maps(pid)
+        if not maps:
+            return self.why.get(pid, "maps no NVIDIA device file")
+        gpus = sorted(self.mapped_gpus(pid))
+        # nvidia-uvm is mapped by a process with a CUDA context of its own, not by a forked child.
+        uvm = "with" if any(path.endswith("/nvidia-uvm") for path in maps) else "without"
+        words = ["maps %s, %s nvidia-uvm" % (", ".join("GPU %d" % g for g in gpus) or "NVIDIA device files", uvm)]
+        listed = sorted(self.listed(pid) & (set(gpus) or self.listed(pid)))
+        held = ", ".join(map(str, sorted(self.gpus_of(pid))))
+        if not self.has_nvml:
+            words.append("NVML unavailable, so the mappings alone decide")
+        elif listed:
+            words.append("NVML lists it on GPU %s" % ", ".join(map(str, listed)))
+        elif held:
+            words.append("NVML shows memory on GPU %s that no live process it lists accounts for" % held)
+        else:
+            words.append("NVML shows no memory of its own, nor any it cannot attribute, on those GPUs")
+        return "; ".join(words)
+
+    # --- who may be a target -----------------------------------------------------------------
 
     def cmdline(self, pid):
         stat = self.table.get(pid, {})
@@ -466,28 +709,19 @@ class Planner(object):
             self.protected[pid] = verdict[1]
         return verdict
 
-    def holds_nvidia_device(self, pid):
-        return [t for t in _procs.fd_targets(pid) if NVIDIA_DEVICE.search(_procs.kernel_path(t))]
-
     def candidates(self):
         """[(pid, reason, needs_gpu)] from the three kinds of direct evidence."""
-        found = [(pid, "device", True) for pid in sorted(self.held)]
-        for pid in sorted(self.nvml):
-            if pid in self.held or pid not in self.table:
-                continue
-            # A hint only: NVML may list a dead parent (its pid now someone else's) while a
-            # forked child holds the memory. Accept it only if it holds an NVIDIA device.
-            devices = self.holds_nvidia_device(pid)
-            if devices:
-                self.held[pid] = sorted(set(_procs.kernel_path(d) for d in devices))
-                found.append((pid, "nvml", True))
+        found = [(pid, "device", True) for pid in sorted(self.mapped) if self.holds_memory(pid)]
+        found.extend((pid, "nvml", True) for pid in sorted(self.elsewhere))
         if self.patterns:
             for pid in sorted(self.table):
-                if pid in self.held:
+                if pid in self.mapped or pid in self.elsewhere:
                     continue
                 line = " ".join(self.cmdline(pid))
-                if line and any(p.search(line) for p in self.patterns):
+                matching = [p.pattern for p in self.patterns if line and p.search(line)]
+                if matching:
                     found.append((pid, "cmdline", False))
+                    self.why[pid] = "command line matches %r" % matching[0]
         return found
 
     def plan(self):
@@ -499,8 +733,20 @@ class Planner(object):
             index = _procs.children_index(self.table)
             roots = sorted(self.reasons)
             for pid in _procs.descendants(roots, index, lambda p: self.exclusion(p, False) is not None):
-                self.reasons.setdefault(pid, "child")
+                if self.reasons.setdefault(pid, "child") == "child" and pid not in self.why:
+                    self.why[pid] = "descends from pid %d" % self.table[pid]["ppid"]
         return self.reasons
+
+    def clients(self):
+        """Processes with device files open, mapping none or holding no memory by the
+        evidence, that are not targets: GPU clients such as monitors."""
+        return [{"pid": pid, "name": printable(process_name(pid) or stat["comm"]),
+                 "devices": [printable(path) for path in sorted(stat["opened"])],
+                 "maps": [printable(path) for path in sorted(stat["mapped"])]}
+                for pid, stat in sorted(self.table.items())
+                if (stat["opened"] or stat["mapped"]) and pid not in self.reasons and pid not in self.own
+                and pid not in self.protected and pid not in self.elsewhere
+                and not (pid in self.mapped and self.holds_memory(pid))]
 
 
 def process_name(pid):
@@ -523,71 +769,122 @@ def owner(pid):
         return [str(uid)]
 
 
-def describe(planner, pid, reason):
-    """The target as the user sees it, or None if it vanished meanwhile."""
+def describe(planner, pid, reason, round_no):
+    """The target as the user sees it, or None if it vanished (or its pid was reused) since
+    the pass that found it: only the planned identity is ever signalled."""
+    now = _procs.read_stat(pid)
+    if now is None or now["starttime"] != planner.table[pid]["starttime"]:
+        return None
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            info = {"pid": pid, "ppid": proc.ppid(), "name": proc.name(), "create_time": round(proc.create_time(), 2)}
+            info = {"pid": pid, "ppid": proc.ppid(), "name": printable(proc.name()),
+                    "create_time": round(proc.create_time(), 2)}
             names = owner(pid)
-            info["user"] = names[0] if names else ""
+            info["user"] = printable(names[0]) if names else ""
     except psutil.Error:
         return None
-    info["cmdline"] = " ".join(planner.cmdline(pid))
+    info["cmdline"] = printable(" ".join(planner.cmdline(pid)))
     info["gpus"] = sorted(planner.gpus_of(pid))
-    info["devices"] = planner.held.get(pid, [])
-    used = [mib for mib in planner.nvml.get(pid, {}).values() if mib is not None]
+    info["devices"] = [printable(path) for path in planner.maps(pid)]
+    used = [mib for gpu, mib in planner.listed_on.get(pid, {}).items() if mib is not None and gpu in planner.listed(pid)]
     if used:
         info["gpu_memory_mib"] = sum(used)
     info["reason"] = reason
+    info["evidence"] = planner.evidence(pid)
+    info["round"] = round_no
     return info
 
 
+def plan_targets(planner, round_no):
+    """(targets as described, {pid: start time}) of one pass."""
+    reasons = planner.plan()
+    targets = [t for t in (describe(planner, pid, reasons[pid], round_no) for pid in sorted(reasons)) if t]
+    return targets, dict((t["pid"], planner.table[t["pid"]]["starttime"]) for t in targets)
+
+
 def holders_text(held):
-    return "".join("%d %s: %s\n" % (pid, process_name(pid) or "?", ", ".join(devs)) for pid, devs in sorted(held.items()))
+    return "".join("%d %s: %s\n" % (pid, printable(process_name(pid)) or "?", ", ".join(printable(d) for d in devs))
+                   for pid, devs in sorted(held.items()))
 
 
-def survivor_report(pid, name, devices, kill_timeout):
-    stat = _procs.read_stat(pid)
-    state = stat["state"] if stat else "?"
-    action = D_STATE_ACTION if state == "D" else OTHER_ACTION % (kill_timeout, pid)
-    return {"pid": pid, "name": name, "state": state, "devices": devices, "action": action}
+def survivor_report(target, signals, action):
+    stat = _procs.read_stat(target["pid"])
+    return {"pid": target["pid"], "name": target["name"], "state": stat["state"] if stat else "?",
+            "devices": target["devices"], "signalled": signals, "action": action}
+
+
+def stop(params, new_planner, targets, identity, result):
+    """Signal targets; scan again after each round and signal the holders that appeared, up
+    to MAX_ROUNDS rounds. Fills killed, survivors, targets, protected; returns the last planner."""
+    handled = set()
+    rounds = 0
+    signalled = 0
+    batch = targets
+    while batch:
+        rounds += 1
+        outcome = _procs.terminate([(t["pid"], identity[t["pid"]]) for t in batch], params["grace_period"],
+                                   params["kill_timeout"])
+        signalled += outcome["signalled"]
+        by_pid = dict((t["pid"], t) for t in batch)
+        result["killed"].extend(dict(e, name=by_pid[e["pid"]]["name"]) for e in outcome["ended"])
+        for pid in outcome["survivors"]:
+            action = OTHER_ACTION % (params["kill_timeout"], pid)
+            report = survivor_report(by_pid[pid], ["SIGTERM", "SIGKILL"], action)
+            if report["state"] == "D":
+                report["action"] = D_STATE_ACTION
+            result["survivors"].append(report)
+        for refused in outcome["refused"]:
+            signals = ["SIGTERM"] if refused["signal"] == "SIGKILL" else []
+            result["survivors"].append(survivor_report(by_pid[refused["pid"]], signals,
+                                                       REFUSED_ACTION % (refused["signal"], refused["error"])))
+        handled.update((t["pid"], identity[t["pid"]]) for t in batch)
+        planner = new_planner(again=True)  # done means no holder is left: look again
+        fresh, fresh_identity = plan_targets(planner, rounds + 1)
+        result["protected"].update(planner.protected)
+        batch = [t for t in fresh if (t["pid"], fresh_identity[t["pid"]]) not in handled]
+        identity.update((t["pid"], fresh_identity[t["pid"]]) for t in batch)
+        if batch and rounds == MAX_ROUNDS:
+            result["survivors"].extend(survivor_report(t, [], APPEARED_ACTION % rounds) for t in batch)
+            break
+        result["targets"].extend(batch)
+    result["changed"] = signalled > 0
+    return planner
 
 
 def run(module, started):
     params = module.params
-    patterns = check_params(params)
-    paths = expand(params["device_paths"])
-    snapshot, nvml_status = read_nvml()  # NVML is shut down again: we hold no device now
+    patterns = [re.compile(pattern) for pattern in params["cmdline_patterns"]]  # checked by input_problems
+    paths = device_files(params["device_paths"])
+    snapshot, nvml_status, reading = read_nvml()  # NVML is shut down again: we hold no device now
     selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
-    planner = Planner(params, patterns, paths, snapshot, selected)
-    reasons = planner.plan()
-    # Each target keeps the identity (start time) it had when planned: a pid that was reused since then
-    # belongs to another process, which is dropped here and never signalled.
-    stat_of = {}
-    for pid in reasons:
-        now = _procs.read_stat(pid)
-        if now is not None and now["starttime"] == planner.table[pid]["starttime"]:
-            stat_of[pid] = now
-    targets = [t for t in (describe(planner, pid, reasons[pid]) for pid in sorted(reasons) if pid in stat_of) if t]
+
+    def new_planner(again=False):
+        """A pass over /proc; after a round of signals with a fresh NVML reading, since which
+        listed pids are gone now (and whose memory someone still holds) is what it tells."""
+        reading_now, began = snapshot, reading
+        if again and snapshot is not None:
+            fresh, _status, fresh_began = read_nvml()
+            if fresh is not None:
+                reading_now, began = fresh, fresh_began
+        return Planner(params, patterns, paths, reading_now, began, selected)
+
+    planner = new_planner()
+    targets, identity = plan_targets(planner, 1)
     result = {
-        "changed": bool(targets), "targets": targets, "killed": [], "survivors": [], "nvml": nvml_status,
+        "changed": bool(targets), "targets": list(targets), "killed": [], "survivors": [], "nvml": nvml_status,
         "memory_before": [{"index": gpu["index"], "uuid": gpu["uuid"], "memory_used_mib": gpu["memory_used_mib"]}
                           for gpu in (snapshot or {}).get("gpus", [])],
-        "protected": [{"pid": pid, "name": process_name(pid), "reason": why} for pid, why in sorted(planner.protected.items())],
+        "protected": dict(planner.protected), "clients": planner.clients(),
     }
-    before = dict(planner.held)
+    before = dict(planner.mapped)
     before_text = holders_text(before) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
-        after = dict((pid, devs) for pid, devs in before.items() if pid not in reasons)
+        after = dict((pid, devs) for pid, devs in before.items() if pid not in planner.reasons)
     else:
-        ended, left, signalled = _procs.terminate(
-            [(t["pid"], stat_of[t["pid"]]["starttime"]) for t in targets], params["grace_period"], params["kill_timeout"])
-        names = dict((t["pid"], t["name"]) for t in targets)
-        result["changed"] = signalled > 0
-        result["killed"] = [dict(e, name=names[e["pid"]]) for e in ended]
-        result["survivors"] = [survivor_report(pid, names[pid], planner.held.get(pid, []), params["kill_timeout"]) for pid in left]
-        after = dict((pid, sorted(devs)) for pid, devs in _procs.scan(paths).items()) if module._diff else {}
+        after = stop(params, new_planner, targets, identity, result).mapped
+    result["protected"] = [{"pid": pid, "name": printable(process_name(pid)), "reason": why}
+                           for pid, why in sorted(result["protected"].items())]
     if module._diff:
         result["diff"] = {"before": before_text, "after": holders_text(after)}
     result["elapsed_s"] = round(time.monotonic() - started, 3)
@@ -612,14 +909,15 @@ def main():
     )
     if not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
+    fail_on_problems(module, input_problems(module.params))
     try:
         result = run(module, started)
     except BadInput as exc:
         module.fail_json(msg=str(exc))
     if result["survivors"]:
-        lines = ["pid %d (%s) state %s holding %s: %s" % (s["pid"], s["name"], s["state"], ", ".join(s["devices"]) or "no device",
+        lines = ["pid %d (%s) state %s mapping %s: %s" % (s["pid"], s["name"], s["state"], ", ".join(s["devices"]) or "no device",
                                                           s["action"]) for s in result["survivors"]]
-        module.fail_json(msg="%d process(es) survived SIGKILL:\n%s" % (len(lines), "\n".join(lines)), **result)
+        module.fail_json(msg="%d target(s) not stopped:\n%s" % (len(lines), "\n".join(lines)), **result)
     module.exit_json(**result)
 
 

@@ -14,12 +14,21 @@ description:
   - Reads NVML (through C(pynvml)) every O(poll_interval) seconds until every selected check passes on
     every selected GPU, or O(timeout) expires. There is no fixed sleep; the task returns as soon as the
     last holder's memory is released.
+  - O(timeout) bounds the whole task, C(nvmlInit) and every read included, however slowly NVML answers;
+    the result then names the NVML call, and the GPU, that had not answered (RV(unfinished_call)).
+  - Polling stops at once when a problem shows that no wait can clear (a lost GPU, ECC errors, pending
+    row remaps or retired pages, a GPU count other than O(expected_count)); the message says so.
+  - The selected GPUs are pinned on the first read, by their UUID and PCI bus id, and read through the
+    handles NVML gave for them then; GPUs that are not selected are never touched, so one that hangs or
+    is lost cannot block or fail a selection that leaves it out.
   - Memory is read through the v2 structure, whose C(used) excludes driver-reserved memory (an idle H200
     reads 615 MiB used through v1 and 0 MiB through v2).
   - Each process NVML lists is marked whether its pid exists here. Inside a container NVML hides other
     namespaces' pids while C(used) still counts their memory, and on a host NVML can list a dead parent
     while its forked child holds the memory; both show as memory used with no visible process.
-  - Every NVML call is bounded by O(call_timeout), since a GPU in a bad state can hang a driver call.
+  - Every NVML call is also bounded by O(call_timeout), since a GPU in a bad state can hang a driver call.
+  - "Every problem, in RV(gpus[].problems) and in the message, starts with the GPU's index, UUID and PCI
+    bus id, for example C(GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): ...)."
   - Read-only. C(changed) is always false; check mode runs the same checks.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
@@ -40,19 +49,31 @@ attributes:
 options:
   gpus:
     description:
-      - GPUs to verify, as indices or UUIDs (C(GPU-...)). All GPUs when empty.
-      - An unknown GPU fails the task with the list of valid indices and UUIDs.
+      - GPUs to verify, as NVML indices (V(0)), UUIDs (V(GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77)) or PCI
+        bus ids in any form NVML accepts (V(00000000:18:00.0), V(0000:18:00.0), V(18:00.0)). All GPUs when empty.
+      - An index names a position in NVML's enumeration, which a GPU missing at driver load shifts. It is
+        resolved once, on the first read; from then on the GPU is followed by its handle, UUID and PCI bus
+        id, so a GPU that falls off the bus during the task is reported lost under its own name and never
+        replaced by the card that takes its index. When NVML lists fewer GPUs than O(expected_count) and a
+        GPU is given by index, the task fails whatever the checks, since the index may name another card;
+        select by UUID or PCI bus id to be safe from that.
+      - A UUID or PCI bus id of a lost GPU selects it (and reports it lost). An entry that is none of the three
+        forms fails the task before NVML is touched; a GPU this host does not have fails it with the list of
+        the GPUs there are.
     type: list
     elements: str
     default: []
   expected_count:
     description:
-      - Number of GPUs this host must have. Fewer means a GPU fell off the bus (check C(dmesg) for Xid 79).
-      - When not set, the V(count) check fails only on a GPU that NVML reports lost.
+      - Number of GPUs NVML must list on this host, 1 or more. Fewer means a GPU was not probed when the driver
+        loaded, often after it fell off the bus (check C(dmesg) for Xid 79).
+      - A GPU that falls off the bus while the driver is loaded stays listed; it is reported lost when selected.
     type: int
   max_memory_used_mib:
     description:
       - Highest v2 C(used) memory, in MiB, that still counts as clean. v2 C(used) excludes driver-reserved memory.
+      - 0 or more, and below each selected GPU's total memory (a limit no GPU can exceed would pass any GPU;
+        leave V(memory) out of O(checks) instead).
     type: int
     default: 16
   allow_processes:
@@ -62,25 +83,30 @@ options:
     default: false
   timeout:
     description:
-      - Seconds to keep polling before failing. V(0) checks once.
+      - Seconds the whole task may take, from before C(nvmlInit) to the last read, 0 to 86400. A read is started
+        only when it can end in time (judged by the last one); a read it cuts short fails the task, naming the
+        NVML call still running (RV(unfinished_call)).
+      - V(0) reads once, and gives that one read O(call_timeout) seconds in all.
     type: float
     default: 30
   poll_interval:
     description:
-      - Seconds between two NVML reads while polling.
+      - Seconds from the start of one NVML read to the start of the next, more than 0 and at most 3600.
     type: float
     default: 0.1
   call_timeout:
     description:
-      - Seconds one NVML call may take before the GPU or driver is declared hung and the task fails.
+      - Seconds one NVML call may take before the GPU or driver is declared hung and the task fails, more than
+        0 and at most 3600. Each call's limit is the smaller of this and the time O(timeout) leaves.
     type: float
     default: 5
   checks:
     description:
-      - Which checks must pass.
+      - Which checks must pass; at least one (with none, any GPU would pass).
+      - A selected GPU that NVML cannot reach (lost) fails whatever the checks.
       - V(memory) compares v2 C(used) with O(max_memory_used_mib).
       - V(processes) fails while NVML lists any process, unless O(allow_processes).
-      - V(count) compares the number of reachable GPUs with O(expected_count) and fails on a lost GPU.
+      - V(count) compares the number of GPUs NVML lists with O(expected_count), and fails when NVML lists none.
       - V(ecc) fails on uncorrected volatile ECC errors.
       - V(remapped_rows) fails on a pending or failed row remapping.
       - V(retired_pages) fails on retired pages pending; C(Not Supported) passes.
@@ -97,7 +123,7 @@ EXAMPLES = r"""
 
 - name: Verify two GPUs, allowing a monitoring process, with a longer wait
   cleanslate.gpu.nvml_verify:
-    gpus: [0, "GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77"]
+    gpus: ["GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77", "0000:2a:00.0"]
     allow_processes: true
     max_memory_used_mib: 512
     timeout: 120
@@ -115,59 +141,79 @@ ok:
   type: bool
   sample: true
 waited_s:
-  description: Seconds from the first NVML read until the checks passed or O(timeout) expired.
-  returned: always
+  description: Seconds from the start (before C(nvmlInit)) until the checks passed, a problem no wait can clear
+    showed, or time ran out.
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: float
   sample: 0.31
 polls:
-  description: Number of NVML reads made.
-  returned: always
+  description: Number of complete reads of the selected GPUs (a read that O(timeout) cut short is not counted).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: int
   sample: 4
+unfinished_call:
+  description:
+    - The NVML call that had not returned when O(timeout) ran out (C(cause) V(timeout)) or that outlasted
+      O(call_timeout) (V(call_timeout)); null when every call returned.
+    - C(index), C(uuid) and C(pci_bus_id) name its GPU (null for a call on the whole system, such as
+      C(nvmlInit)); C(running_s) is how long it had run (null when time ran out between two calls).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
+  type: dict
+  sample: {"call": "nvmlDeviceGetMemoryInfo_v2", "index": 0, "uuid": "GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77",
+           "pci_bus_id": "00000000:18:00.0", "running_s": 0.98, "cause": "timeout"}
 driver_version:
   description: NVIDIA driver version reported by NVML.
   returned: when NVML could be read
   type: str
   sample: "570.133.20"
 count:
-  description: Number of GPUs NVML lists, lost ones included.
+  description: Number of GPUs NVML lists at the last read; a GPU lost while the driver is loaded still counts.
   returned: when NVML could be read
   type: int
   sample: 8
 problems:
-  description: Problems of the host as a whole (a GPU count below O(expected_count)), as plain sentences.
-  returned: always
+  description: Problems of the host as a whole (a GPU count other than O(expected_count), an NVML call on the whole
+    system that did not return in time), as plain sentences.
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: list
   elements: str
-  sample: ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or the driver did not bind it; check dmesg for Xid 79, then reboot."]
+  sample: ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or was not probed when the driver loaded; check
+            dmesg for Xid 79 or 'fallen off the bus', then reboot."]
 gpus:
-  description: The selected GPUs, as last read.
-  returned: always
+  description: The selected GPUs, each once, in index order, as last read (a GPU not read yet has null readings).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
   type: list
   elements: dict
   contains:
     index:
-      description: NVML index.
+      description: NVML index when the GPU was pinned (on the first read); null for a GPU selected by UUID or PCI
+        bus id that was already lost then.
       type: int
       returned: always
       sample: 0
     uuid:
-      description: GPU UUID; null for a lost GPU.
+      description: GPU UUID; null for a GPU lost before NVML told it (selected by index or PCI bus id).
       type: str
       returned: always
       sample: GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77
     name:
-      description: Product name; null for a lost GPU.
+      description: Product name; null for a GPU lost before NVML told it.
       type: str
       returned: always
       sample: NVIDIA H200
     pci_bus_id:
-      description: PCI bus id; null for a lost GPU.
+      description: PCI bus id, as NVML writes it; null for a GPU lost before NVML told it (selected by index or UUID).
       type: str
       returned: always
       sample: "00000000:18:00.0"
+    minor_number:
+      description: The N of its device file C(/dev/nvidiaN), which unlike the index does not shift; null when
+        unknown.
+      type: int
+      returned: always
+      sample: 0
     memory_used_mib:
-      description: v2 C(used) memory in MiB, driver-reserved memory excluded.
+      description: v2 C(used) memory in MiB, driver-reserved memory excluded; null when not read.
       type: int
       returned: always
       sample: 0
@@ -213,23 +259,30 @@ gpus:
       returned: always
       sample: null
     problems:
-      description: What is wrong with this GPU and what to do, as plain sentences; empty when clean.
+      description: What is wrong with this GPU and what to do, as plain sentences that start with the GPU's index,
+        UUID and PCI bus id; empty when clean.
       type: list
       elements: str
       returned: always
-      sample: []
+      sample: ["GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): 3 uncorrected volatile ECC errors:
+                drain the GPU, check dmesg for Xid 48/63/94/95, then reset the GPU (nvidia-smi -r -i 3) or reboot."]
 """
 
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
     HAS_PYNVML,
     PYNVML_IMPORT_ERROR,
+    SELECTOR_FORMS,
     NvmlError,
     NvmlSession,
-    resolve_gpus,
+    NvmlTimeout,
+    Sink,
+    describe_gpu,
+    parse_selector,
     unattributed_mib,
 )
 
@@ -246,20 +299,35 @@ ARGUMENT_SPEC = dict(
     checks=dict(type="list", elements="str", choices=CHECKS, default=list(CHECKS)),
 )
 
+# Upper bounds: a reset waits minutes, not days; past them a typo (1e10) would stall a play.
+MAX_TIMEOUT_S = 86400
+MAX_CALL_TIMEOUT_S = 3600
+MAX_POLL_INTERVAL_S = 3600
+READ_MARGIN_S = 0.05  # time a read may take beyond twice the last one before the deadline cuts it
+
 RESET_HINT = "reset the GPU (nvidia-smi -r -i {index}) or reboot"
+GPU_KEYS = ("index", "uuid", "name", "pci_bus_id", "minor_number")
+READING_KEYS = ("memory_used_mib", "memory_reserved_mib", "memory_total_mib", "memory_used_v1_mib", "processes",
+                "ecc_uncorrected_volatile", "remapped_rows", "retired_pages_pending")
 
 
-def bad_params(params):
-    """One sentence for the first out-of-range option, or None."""
-    for name in ("timeout", "max_memory_used_mib"):
-        if params[name] < 0:
-            return "%s must be 0 or more, got %s" % (name, params[name])
-    for name in ("poll_interval", "call_timeout"):
-        if params[name] <= 0:
-            return "%s must be more than 0, got %s" % (name, params[name])
-    if params["expected_count"] is not None and params["expected_count"] < 1:
-        return "expected_count must be 1 or more, got %s" % params["expected_count"]
-    return None
+def input_problems(params):
+    """One sentence per option value that cannot be honoured, found before NVML is touched."""
+    problems = [
+        number_problem("timeout", params["timeout"], minimum=0, maximum=MAX_TIMEOUT_S, unit="seconds"),
+        number_problem("poll_interval", params["poll_interval"], above=0, maximum=MAX_POLL_INTERVAL_S, unit="seconds"),
+        number_problem("call_timeout", params["call_timeout"], above=0, maximum=MAX_CALL_TIMEOUT_S, unit="seconds"),
+        number_problem("max_memory_used_mib", params["max_memory_used_mib"], minimum=0, unit="MiB"),
+    ]
+    if params["expected_count"] is not None:
+        problems.append(number_problem("expected_count", params["expected_count"], minimum=1))
+    if not params["checks"]:
+        # With nothing to check every GPU passes, whatever it holds.
+        problems.append("checks is empty, so any GPU would pass; name at least one of %s" % ", ".join(CHECKS))
+    for selector in params["gpus"]:
+        if parse_selector(selector) is None:
+            problems.append("gpus entry %r is not %s" % (selector, SELECTOR_FORMS))
+    return [problem for problem in problems if problem]
 
 
 def _describe_process(proc):
@@ -270,11 +338,11 @@ def _describe_process(proc):
 
 
 def gpu_problems(gpu, params):
-    """Plain sentences for everything the selected checks find wrong on one readable GPU."""
+    """(problems a wait may clear, problems only a GPU reset or service clears) for one GPU that
+    was read, as plain sentences without the GPU's name."""
     checks = params["checks"]
-    index = gpu["index"]
-    reset = RESET_HINT.format(index=index)
-    problems = []
+    reset = RESET_HINT.format(index=gpu["index"])
+    waiting, lasting = [], []
     procs = gpu["processes"]
     ghosts = [proc for proc in procs if not proc["exists"]]
     if "processes" in checks and procs and not params["allow_processes"]:
@@ -282,123 +350,214 @@ def gpu_problems(gpu, params):
         if ghosts:
             sentence += (" A listed pid that does not exist here died leaving a forked child that still holds"
                          " its memory, or lives in another PID namespace (a container).")
-        problems.append(sentence + " Run cleanslate.gpu.gpu_reset to stop the holders.")
+        waiting.append(sentence + " Run cleanslate.gpu.gpu_reset to stop the holders.")
     used = gpu["memory_used_mib"]
-    if "memory" in checks and used > params["max_memory_used_mib"]:
+    limit = params["max_memory_used_mib"]
+    if "memory" in checks and gpu["memory_total_mib"] is not None and limit >= gpu["memory_total_mib"]:
+        # Like checks: [], a limit no GPU can exceed would pass a GPU whatever it holds.
+        lasting.append("max_memory_used_mib %d is not below this GPU's %d MiB of memory, so the memory check could"
+                       " never fail; give a lower limit, or leave memory out of checks." % (limit, gpu["memory_total_mib"]))
+    elif "memory" in checks and used > limit:
         sentence = "%d MiB of memory used (v2, %s MiB driver-reserved not counted), above the %d MiB limit." % (
-            used, gpu["memory_reserved_mib"], params["max_memory_used_mib"])
-        loose = unattributed_mib(gpu)
+            used, gpu["memory_reserved_mib"], limit)
+        loose = gpu["unattributed_mib"]
         # On a real driver a CUDA context's few MiB never show in its process's share (an
         # H200 holder: 4622 MiB used, 4614 MiB listed), so only name what is over the limit.
-        if loose and loose > params["max_memory_used_mib"]:
+        if loose and loose > limit:
             sentence += (" %d MiB is memory used with no visible process: a dead pid's forked child or a process"
                          " in another PID namespace holds it; run cleanslate.gpu.gpu_reset with cmdline_patterns"
                          " (or stop it from the container's host), and if it stays, %s." % (loose, reset))
-        elif not problems:
+        elif not waiting:
             # The processes sentence, when there is one, already says what to do.
             sentence += " Run cleanslate.gpu.gpu_reset to stop the holders."
-        problems.append(sentence)
+        waiting.append(sentence)
     ecc = gpu["ecc_uncorrected_volatile"]
     if "ecc" in checks and ecc:
-        problems.append("%d uncorrected volatile ECC errors: drain the GPU, check dmesg for Xid 48/63/94/95, then %s."
-                        % (ecc, reset))
+        lasting.append("%d uncorrected volatile ECC errors: drain the GPU, check dmesg for Xid 48/63/94/95, then %s."
+                       % (ecc, reset))
     rows = gpu["remapped_rows"]
     if "remapped_rows" in checks and rows and (rows["pending"] or rows["failed"]):
         counters = "correctable %d, uncorrectable %d" % (rows["correctable"], rows["uncorrectable"])
         if rows["failed"]:
-            problems.append("Row remapping failed (%s): the GPU has run out of spare rows and needs service (RMA);"
-                            " take it out of use." % counters)
+            lasting.append("Row remapping failed (%s): the GPU has run out of spare rows and needs service (RMA);"
+                           " take it out of use." % counters)
         if rows["pending"]:
-            problems.append("Row remapping pending (%s): %s to apply it." % (counters, reset))
+            lasting.append("Row remapping pending (%s): %s to apply it." % (counters, reset))
     if "retired_pages" in checks and gpu["retired_pages_pending"]:
-        problems.append("Retired pages pending: %s so the retirement takes effect." % reset)
-    return problems
+        lasting.append("Retired pages pending: %s so the retirement takes effect." % reset)
+    return waiting, lasting
 
 
-def lost_problem(lost):
-    return ("GPU %d is lost (NVML: %s): it fell off the bus or stopped answering; check dmesg for Xid 79,"
-            " then reboot or power-cycle the host." % (lost["index"], lost["error"]))
+def unreachable_problem(gpu):
+    """The sentence for a selected GPU NVML cannot reach (it stays so until a reset or reboot)."""
+    failure = gpu["unreachable"]
+    if failure["lost"]:
+        where = (" (NVML does not tell a lost GPU's PCI bus id: nvidia-smi prints it)"
+                 if not gpu.get("pci_bus_id") else "")
+        return ("lost (NVML: %s): it fell off the bus or stopped answering%s; check dmesg for Xid 79, then reboot or"
+                " power-cycle the host." % (failure["error"], where))
+    return ("NVML cannot read it (%s: %s): check dmesg for Xid errors, then %s."
+            % (failure["call"], failure["error"], RESET_HINT.format(index=gpu["index"])))
 
 
-def evaluate(snap, indices, params):
-    """(gpus, host problems, ok) for one snapshot, the selected indices and the checks."""
-    readable = dict((gpu["index"], gpu) for gpu in snap["gpus"])
-    lost = dict((item["index"], item) for item in snap["lost"])
-    gpus = []
-    for index in indices:
-        if index in readable:
-            gpu = dict(readable[index])
-            gpu["unattributed_mib"] = unattributed_mib(gpu)
-            gpu["problems"] = gpu_problems(gpu, params)
-        else:
+def unfinished_problem(exc, params):
+    """The sentence for the NVML call that had not returned when its time was up."""
+    if exc.cause == "call_timeout":
+        reset = RESET_HINT.format(index=exc.gpu["index"]) if exc.gpu and exc.gpu.get("index") is not None else (
+            "reset the GPU (nvidia-smi -r) or reboot")
+        return ("NVML call %s did not return within %g s (call_timeout): the GPU or its driver is hung; check dmesg"
+                " for Xid errors, then %s." % (exc.call, params["call_timeout"], reset))
+    running = ("had been running for %.1f s" % exc.running_s if exc.running_s is not None
+               else "was the last one made")
+    if params["timeout"] > 0:
+        budget = "the %g s timeout" % params["timeout"]
+    else:
+        budget = "the %g s that timeout 0 gives its one read (call_timeout)" % params["call_timeout"]
+    return ("NVML call %s %s when %s ran out: NVML answers slowly or the GPU is hung; check dmesg for Xid errors,"
+            " and give a longer timeout if NVML is only slow." % (exc.call, running, budget))
+
+
+def _same_gpu(gpu, other):
+    if gpu.get("uuid") and other.get("uuid"):
+        return gpu["uuid"] == other["uuid"]
+    return gpu.get("index") is not None and gpu.get("index") == other.get("index")
+
+
+def evaluate(gpus, count, params, unfinished=None):
+    """(gpus as reported, host problems, ok, lasting) for the pinned GPUs as last read.
+
+    Each entry of gpus holds the GPU's identity (GPU_KEYS), "unreachable" when NVML cannot
+    reach it, and its newest counters (READING_KEYS) once read. Every problem starts with the
+    GPU's name (describe_gpu). lasting is true when a problem is one no wait can clear (a lost
+    GPU, a health counter, a GPU count): polling on cannot make the task pass."""
+    checks = params["checks"]
+    lasting = unfinished is not None
+    reported = []
+    for gpu in gpus:
+        view = dict((key, gpu.get(key)) for key in GPU_KEYS)
+        view.update((key, gpu.get(key)) for key in READING_KEYS)
+        view["processes"] = view["processes"] or []
+        read = view["memory_used_mib"] is not None
+        view["unattributed_mib"] = unattributed_mib(view) if read else None
+        problems = []
+        if gpu.get("unreachable"):
             # A GPU that cannot be read cannot be proved clean, whatever the checks.
-            reason = lost.get(index, {"index": index, "error": "not readable"})
-            gpu = dict(index=index, uuid=None, name=None, pci_bus_id=None, memory_used_mib=None,
-                       memory_reserved_mib=None, memory_total_mib=None, memory_used_v1_mib=None,
-                       unattributed_mib=None, processes=[], ecc_uncorrected_volatile=None,
-                       remapped_rows=None, retired_pages_pending=None, problems=[lost_problem(reason)])
-        gpus.append(gpu)
+            problems.append(unreachable_problem(gpu))
+            lasting = True
+        elif read:
+            waiting, stays = gpu_problems(view, params)
+            problems.extend(waiting + stays)
+            lasting = lasting or bool(stays)
+        if unfinished is not None and unfinished.gpu and _same_gpu(unfinished.gpu, view):
+            problems.append(unfinished_problem(unfinished, params))
+        elif not read and not gpu.get("unreachable"):
+            problems.append("not read: time ran out before NVML got to this GPU.")
+        label = describe_gpu(view)
+        view["problems"] = ["%s: %s" % (label, problem) for problem in problems]
+        reported.append(view)
     host = []
-    if "count" in params["checks"]:
-        reachable = snap["count"] - len([item for item in snap["lost"] if item["index"] < snap["count"]])
-        expected = params["expected_count"]
-        if expected is not None and reachable != expected:
-            host.append("NVML reaches %d GPUs (%d listed), %d expected: a GPU fell off the bus or the driver did not"
-                        " bind it; check dmesg for Xid 79, then reboot." % (reachable, snap["count"], expected))
-        for item in snap["lost"]:
-            if item["index"] not in indices:
-                host.append(lost_problem(item))
-        if snap["count"] == 0 and expected is None:
-            host.append("NVML lists no GPU: check that the driver sees the GPUs (dmesg, lspci).")
-    ok = not host and not any(gpu["problems"] for gpu in gpus)
-    return gpus, host, ok
+    if unfinished is not None and not any(
+            unfinished.gpu and _same_gpu(unfinished.gpu, gpu) for gpu in reported):
+        # A call on the whole system, or on a GPU before it was pinned.
+        prefix = describe_gpu(unfinished.gpu) + ": " if unfinished.gpu else ""
+        host.append(prefix + unfinished_problem(unfinished, params))
+    expected = params["expected_count"]
+    by_index = any((parse_selector(selector) or ("",))[0] == "index" for selector in params["gpus"])
+    if count is not None and expected is not None and count != expected:
+        # Fewer GPUs also shifts every index after the missing one: an index may name another card.
+        shifted = by_index and count < expected
+        if "count" in checks or shifted:
+            if count < expected:
+                sentence = ("NVML lists %d GPUs, %d expected: a GPU fell off the bus or was not probed when the"
+                            " driver loaded; check dmesg for Xid 79 or 'fallen off the bus', then reboot." % (count, expected))
+            else:
+                sentence = "NVML lists %d GPUs, %d expected: set expected_count to what this host has." % (count, expected)
+            if shifted:
+                sentence += (" The GPUs after the missing one have moved down one index, so gpus given by index may"
+                             " name other cards than meant: select them by UUID or PCI bus id.")
+            host.append(sentence)
+            lasting = True
+    if "count" in checks and count == 0 and expected is None:
+        host.append("NVML lists no GPU: check that the driver sees the GPUs (dmesg, lspci).")
+        lasting = True
+    ok = not host and not any(view["problems"] for view in reported)
+    return reported, host, ok, lasting
 
 
-def failure_message(gpus, host, waited, polls):
+def failure_message(gpus, host, waited, polls, unfinished=None, early=False):
     """One message naming each failing GPU, what is wrong with it and what to do."""
     parts = list(host)
     for gpu in gpus:
-        if gpu["problems"]:
-            label = "GPU %d" % gpu["index"] + (" (%s)" % gpu["uuid"] if gpu["uuid"] else "")
-            parts.append("%s: %s" % (label, " ".join(gpu["problems"])))
-    return "GPUs not clean after %.1f s (%d NVML reads): %s" % (waited, polls, " | ".join(parts))
+        parts.extend(gpu["problems"])
+    if unfinished is not None:
+        head = "GPUs not proved clean: time ran out after %.1f s (%d complete NVML reads)" % (waited, polls)
+    else:
+        head = "GPUs not clean after %.1f s (%d NVML reads)" % (waited, polls)
+        if early:
+            head += ", no longer polling: waiting cannot clear these"
+    return "%s: %s" % (head, " | ".join(parts))
 
 
 def verify(params):
-    """Poll NVML until every selected check passes or the timeout expires; return the result dict."""
-    result = dict(changed=False, ok=False, waited_s=0.0, polls=0, problems=[], gpus=[])
-    with NvmlSession(params["call_timeout"]) as session:
-        start = time.monotonic()
-        snap = session.read()
-        result["polls"] = 1
-        # An unknown GPU raises ValueError here, before any polling.
-        indices = resolve_gpus(snap, params["gpus"])
+    """Pin the selected GPUs, then read them every poll_interval until every selected check
+    passes, a problem no wait can clear shows, or time runs out; return the result dict.
+
+    Everything, nvmlInit included, ends by the deadline: O(timeout) after the start, or for
+    timeout 0 (one read) call_timeout after it. Raises NvmlError (NVML unusable) and
+    ValueError (a GPU this host does not have)."""
+    start = time.monotonic()
+    timeout = params["timeout"]
+    budget = timeout if timeout > 0 else params["call_timeout"]
+    session = NvmlSession(params["call_timeout"], deadline=start + budget, budget_s=budget)
+    pinned, gpus, count, polls, unfinished = None, [], None, 0, None
+    ok, lasting, host, reported = False, False, [], []
+    try:
+        session.open()
+        pinned = session.select(params["gpus"])
+        gpus = pinned["gpus"]
+        count = pinned["count"]
         while True:
-            gpus, host, ok = evaluate(snap, indices, params)
-            elapsed = time.monotonic() - start
-            if ok or elapsed >= params["timeout"]:
+            began = time.monotonic()
+            sink = Sink()
+            try:
+                session.read_selected(gpus, sink)
+                polls += 1
+            finally:
+                read = sink.close()
+                count = read.pop("count", count)
+                for position, values in read.items():
+                    gpus[position].update(values)
+            took = time.monotonic() - began
+            reported, host, ok, lasting = evaluate(gpus, count, params)
+            next_read = began + params["poll_interval"]
+            # Start a read only when it can end before the deadline (twice the last one's time,
+            # and a margin): one cut short by the deadline would blame NVML for being slow.
+            if ok or lasting or timeout == 0 or next_read + 2 * took + READ_MARGIN_S >= start + timeout:
                 break
-            # Read again one poll_interval after the last read began, never past the deadline.
-            next_read = start + min(result["polls"] * params["poll_interval"], params["timeout"])
             time.sleep(max(0.0, next_read - time.monotonic()))
-            snap = session.read(indices)
-            result["polls"] += 1
-    result.update(ok=ok, waited_s=round(elapsed, 3), gpus=gpus, problems=host,
-                  driver_version=snap["driver_version"], count=snap["count"])
-    if not ok:
-        result["msg"] = failure_message(gpus, host, elapsed, result["polls"])
+    except NvmlTimeout as exc:
+        unfinished = exc
+        reported, host, ok, lasting = evaluate(gpus, count, params, unfinished)
+    finally:
+        session.close()
+    elapsed = time.monotonic() - start
+    result = dict(changed=False, ok=ok, waited_s=round(elapsed, 3), polls=polls, problems=host, gpus=reported,
+                  unfinished_call=unfinished.as_dict() if unfinished is not None else None)
+    if pinned is not None:
+        result.update(driver_version=pinned["driver_version"], count=count)
+    if ok:
+        result["msg"] = "%d GPUs clean after %.2f s" % (len(reported), elapsed)
     else:
-        result["msg"] = "%d GPUs clean after %.2f s" % (len(gpus), elapsed)
+        early = lasting and unfinished is None and elapsed < timeout
+        result["msg"] = failure_message(reported, host, elapsed, polls, unfinished, early)
     return result
 
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    fail_on_problems(module, input_problems(module.params), changed=False, ok=False)
     if not HAS_PYNVML:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
-    problem = bad_params(module.params)
-    if problem:
-        module.fail_json(msg=problem, changed=False)
     try:
         result = verify(module.params)
     except (NvmlError, ValueError) as exc:

@@ -195,21 +195,75 @@ def test_calls_after_shutdown_are_uninitialized(probe):
     assert error.value.name == "NVMLError_Uninitialized"
 
 
-def test_lost_gpu_drops_from_the_count_and_its_old_handle_is_lost(probe, fake_nvml):
+def test_lost_gpu_stays_enumerated_and_answers_gpu_is_lost(probe, fake_nvml):
+    # What a real driver does after Xid 79 ("fallen off the bus"): the GPU still counts and keeps
+    # its index, but nvidia-smi says "Unable to determine the device handle for GPU ...: GPU is lost".
     probe("store('h2', handle(2))")
     fake_nvml.inject("gpu_lost", gpu=2)
+    assert probe("n.nvmlDeviceGetCount()") == 8
+    for lookup in ("handle(2)", "memory(h2)", f"n.nvmlDeviceGetHandleByUUID({fake_nvml.uuids[2]!r})",
+                   "n.nvmlDeviceGetHandleByPciBusId('00000000:3A:00.0')"):
+        with pytest.raises(NvmlError) as error:
+            probe(lookup)
+        assert error.value.name == "NVMLError_GpuIsLost", lookup
+    # The others keep their indices.
+    assert probe("n.nvmlDeviceGetUUID(handle(3))") == fake_nvml.uuids[3]
+    assert probe("n.nvmlDeviceGetIndex(handle(7))") == 7
+    fake_nvml.clear()
+    assert probe("memory(h2)") == IDLE
+
+
+def test_removed_gpu_leaves_the_enumeration_and_the_next_ones_shift(probe, fake_nvml):
+    # After a driver reload that could not probe it ("NVIDIA probe routine failed for 1 device(s)").
+    probe("store('h2', handle(2))")
+    probe("store('h3', handle(3))")
+    fake_nvml.inject("gpu_removed", gpu=2)
     assert probe("n.nvmlDeviceGetCount()") == 7
+    listed = probe("[n.nvmlDeviceGetUUID(handle(i)) for i in range(n.nvmlDeviceGetCount())]")
+    assert listed == fake_nvml.uuids[:2] + fake_nvml.uuids[3:]
+    assert probe("n.nvmlDeviceGetIndex(h3)") == 2  # the old GPU 3 is index 2 now
     with pytest.raises(NvmlError) as error:
         probe("memory(h2)")
     assert error.value.name == "NVMLError_GpuIsLost"
+    for lookup in (f"n.nvmlDeviceGetHandleByUUID({fake_nvml.uuids[2]!r})",
+                   "n.nvmlDeviceGetHandleByPciBusId('00000000:3A:00.0')"):
+        with pytest.raises(NvmlError) as error:
+            probe(lookup)
+        assert error.value.name == "NVMLError_NotFound", lookup
     with pytest.raises(NvmlError) as error:
-        probe(f"n.nvmlDeviceGetHandleByUUID({fake_nvml.uuids[2]!r})")
-    assert error.value.name == "NVMLError_GpuIsLost"
-    listed = probe("[n.nvmlDeviceGetUUID(handle(i)) for i in range(n.nvmlDeviceGetCount())]")
-    assert listed == fake_nvml.uuids[:2] + fake_nvml.uuids[3:]
-    fake_nvml.clear()
-    assert probe("n.nvmlDeviceGetCount()") == 8
-    assert probe("memory(h2)") == IDLE
+        probe("handle(7)")
+    assert error.value.name == "NVMLError_InvalidArgument"
+
+
+@pytest.mark.parametrize("bus_id", ["00000000:5D:00.0", "0000:5d:00.0", "0:5d:0", "5d:00.0"])
+def test_handle_by_pci_bus_id_in_every_form_nvml_accepts(probe, bus_id):
+    assert probe(f"n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId({bus_id!r}))") == 3
+
+
+def test_calls_are_recorded_with_the_gpu_they_touched(probe, fake_nvml):
+    probe("handle(1)")
+    assert fake_nvml.calls() == []  # nothing is recorded until asked
+    fake_nvml.record_calls()
+    probe("memory(handle(4))")
+    probe(f"n.nvmlDeviceGetHandleByUUID({fake_nvml.uuids[6]!r})")
+    probe("n.nvmlDeviceGetCount()")
+    calls = [(row["call"], row["gpu"]) for row in fake_nvml.calls()]
+    assert calls == [("nvmlDeviceGetHandleByIndex_v2", 4), ("nvmlDeviceGetMemoryInfo", 4),
+                     ("nvmlDeviceGetMemoryInfo_v2", 4), ("nvmlDeviceGetHandleByUUID", 6),
+                     ("nvmlDeviceGetCount_v2", None)]
+    assert {row["pid"] for row in fake_nvml.calls()} == {probe("__import__('os').getpid()")}
+    fake_nvml.create(gpu_count=8)  # a fresh state records nothing again
+    probe("n.nvmlDeviceGetCount()")
+    assert fake_nvml.calls() == []
+
+
+def test_init_delay_slows_nvml_init_only(fake_nvml):
+    fake_nvml.inject("init_delay", seconds=1.5)
+    with NvmlProbe(fake_nvml.env()) as probe:
+        # A lower bound only: the injected sleep can never return early.
+        assert probe("(lambda t: (n.nvmlInit(), __import__('time').monotonic() - t)[1])"
+                     "(__import__('time').monotonic())") >= 1.5
+        assert probe("n.nvmlDeviceGetCount()") == 8
 
 
 def test_stuck_memory_is_used_with_no_process(probe, fake_nvml):
@@ -253,11 +307,12 @@ def test_retired_pages_pending_and_not_supported(probe, fake_nvml):
 
 def test_hang_delays_memory_and_process_calls_on_that_gpu(probe, fake_nvml):
     fake_nvml.inject("hang", gpu=5, seconds=1.5)
+    probe("store('h5', handle(5))")  # taking a handle does not hang
     # A lower bound only: the injected sleep can never return early.
-    elapsed = probe("(lambda t: (memory(handle(5)), __import__('time').monotonic() - t)[1])"
+    elapsed = probe("(lambda t: (memory(h5), __import__('time').monotonic() - t)[1])"
                     "(__import__('time').monotonic())")
     assert elapsed >= 1.5
-    elapsed = probe("(lambda t: (processes(handle(5)), __import__('time').monotonic() - t)[1])"
+    elapsed = probe("(lambda t: (processes(h5), __import__('time').monotonic() - t)[1])"
                     "(__import__('time').monotonic())")
     assert elapsed >= 1.5
     fake_nvml.clear("hang")
@@ -276,6 +331,9 @@ def test_memory_v2_with_a_wrong_version_is_refused(probe):
     (lambda f: f.inject("stuck_memory", gpu=9, mib=5), "gpu must be a GPU index from 0 to 7"),
     (lambda f: f.inject("hang", gpu=1, seconds=2, mib=3), "not mib"),
     (lambda f: f.inject("gpu_lost"), "needs gpu="),
+    (lambda f: f.inject("gpu_removed", gpu=8), "gpu must be a GPU index from 0 to 7"),
+    (lambda f: f.inject("init_delay", gpu=1, seconds=1.0), "takes seconds, not gpu"),
+    (lambda f: f.inject("hang", seconds=float("nan")), "needs seconds=<positive float>"),
     (lambda f: f.register(os.getpid(), 0, -5), "mib must be a non-negative integer"),
     (lambda f: f.register(os.getpid(), 0, 5, kind="video"), "kind must be one of compute, graphics"),
 ])

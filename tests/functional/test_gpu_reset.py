@@ -1,323 +1,242 @@
-"""cleanslate.gpu.gpu_reset against real processes and real signals.
+"""cleanslate.gpu.gpu_reset against real processes and real signals: the crashed node, NVML
+hints, children, protection, zombies, survivors and scoping.
 
-Every process signalled here was started by the test (directly or through the crashed-node
-simulator), and every run is scoped to the test's own device files and command-line
-patterns under tmp_path: the module is never pointed at the real /dev/nvidia*.
+Every process signalled here runs in a private PID namespace with the module that signals it
+(tests/functional/pidns.py, scenarios in gpu_reset_ns.py): a module gone wrong can only reach
+what the test started. Device files are the simulator's or plain files under tmp_path, never
+the real /dev/nvidia*. Inputs, evidence and signalling have files of their own
+(test_gpu_reset_inputs.py, test_gpu_reset_evidence.py, test_gpu_reset_signals.py).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fake_nvml import FakeNvml
+from tests.functional import pidns
+from tests.functional.gpu_reset_ns import NO_NVML, cuda, dev_files, globs
 from tests.run_module import run_module
-from tests.sim.procinfo import same_process
 
-# A real holder: opens the files it is given, optionally ignores SIGTERM, optionally forks a
-# child that opens its own files (and then the parent may exit, leaving the child orphaned).
-HOLDER = r"""
-import json, os, signal, sys, time
-spec = json.loads(sys.argv[1])
-if spec.get("ignore_term"):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-held = [open(p, "rb") for p in spec.get("open", [])]
-def report(data):
-    # One write() per line: parent and forked child share the pipe, and print() may split a line.
-    os.write(1, (json.dumps(data) + "\n").encode())
-child = None
-if "child" in spec:
-    child = os.fork()
-    if child == 0:
-        if spec["child"].get("ignore_term"):
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        else:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        held = [open(p, "rb") for p in spec["child"].get("open", [])]
-        report({"pid": os.getpid()})
-        time.sleep(600)
-        os._exit(0)
-report({"pid": os.getpid(), "child": child})
-if spec.get("parent_exits"):
-    os._exit(0)
-time.sleep(600)
-"""
+HOLDERS = "tests.functional.gpu_reset_ns:holders_then_runs"
+NODE = "tests.functional.gpu_reset_ns:crashed_node_runs"
+HOLDER_ROLES = ("worker", "orphan_worker", "term_ignorer", "unpinned_worker", "forked_child")
+CLIENT_ROLES = ("monitor", "init_only", "persistenced")
 
-FAST = {"grace_period": 2, "kill_timeout": 20}
-
-
-class Holders(object):
-    """Processes started by one test, killed (by pid, never by name) at its end."""
-
-    def __init__(self):
-        self.procs = []
-        self.pids = []
-
-    def start(self, **spec):
-        """Start a holder without a child; returns its pid."""
-        return self.start_with_child(**spec)[0]
-
-    def start_with_child(self, **spec):
-        """Start a holder; returns (pid, child pid or None)."""
-        proc = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        lines = [json.loads(proc.stdout.readline())]
-        if "child" in spec:
-            lines.append(json.loads(proc.stdout.readline()))
-        mine = [line for line in lines if "child" in line][0]
-        child = mine["child"]
-        self.pids.append((proc.pid, _created(proc.pid)))
-        if child:
-            self.pids.append((child, _created(child)))
-        return proc.pid, child
-
-    def alive(self, pid):
-        return any(same_process(p, t) for p, t in self.pids if p == pid)
-
-    def stop(self):
-        for pid, started in self.pids:
-            if same_process(pid, started):
-                os.kill(pid, 9)
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()  # our own child: killing it through its Popen cannot hit another process
-            proc.wait()
-
-
-def _created(pid):
-    from tests.sim.procinfo import create_time
-    return create_time(pid)
-
-
-@pytest.fixture
-def holders():
-    started = Holders()
-    yield started
-    started.stop()
+pytestmark = pytest.mark.skipif(pidns.available() is not None, reason=str(pidns.available()))
 
 
 @pytest.fixture
 def dev(tmp_path):
-    """Device files of a fake node with 4 GPUs, plain files under tmp_path."""
-    directory = tmp_path / "dev"
-    directory.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"):
-        (directory / name).touch()
-    return directory
+    return dev_files(tmp_path / "dev")
 
 
-def _globs(directory):
-    return [str(directory / "nvidia[0-9]*"), str(directory / "nvidiactl"), str(directory / "nvidia-uvm*")]
-
-
-def _no_nvml():
-    # Make sure no libnvidia-ml is found, whatever the caller's environment says.
-    return {"LD_LIBRARY_PATH": "/nonexistent-cleanslate-test"}
+def reset(holders, runs, **kwargs):
+    return pidns.run_in_pidns(HOLDERS, holders=holders, runs=runs, **kwargs)
 
 
 # --- the crashed node -------------------------------------------------------------------
+
+def node(lib_dir, *runs):
+    """The crashed node, reset as `runs` say; (manifest, [(result, {pid: alive})])."""
+    out = pidns.run_in_pidns(NODE, lib_dir=str(lib_dir), runs=list(runs) or [{}])
+    return out["manifest"], [(run["result"], dict((int(p), a) for p, a in run["alive"].items())) for run in out["runs"]]
+
 
 def _role(manifest, role):
     return manifest["processes"][role]
 
 
-def _alive(entry):
-    return same_process(entry["pid"], entry["create_time"])
+def _pids(manifest, *roles):
+    return set(e["pid"] for role in roles for e in _role(manifest, role))
 
 
-def _reset(manifest, check=False, diff=False, **params):
-    args = {"device_paths": manifest["device_paths"], "cmdline_patterns": [manifest["api_server_pattern"]]}
-    args.update(FAST)
-    args.update(params)
-    return run_module("gpu_reset", args, check=check, diff=diff, env=manifest["nvml"]["env"])
-
-
-def test_crashed_node_every_holder_dies_and_bystanders_survive(crashed_node):
-    result = _reset(crashed_node)
+def test_crashed_node_every_holder_dies_and_bystanders_survive(fake_nvml_lib):
+    manifest, [(result, alive)] = node(fake_nvml_lib)
     assert result["rc"] == 0, result.get("msg")
     assert result["changed"] is True
     assert result["nvml"] == "ok"
-    holders = _role(crashed_node, "worker") + _role(crashed_node, "orphan_worker") + _role(crashed_node, "term_ignorer")
-    for entry in holders + _role(crashed_node, "api_server"):
-        assert not _alive(entry), entry
-    for role in ("bystander", "persistenced", "shm_mapper"):
-        assert _alive(_role(crashed_node, role)[0]), role
+    for pid in _pids(manifest, "api_server", *HOLDER_ROLES):
+        assert not alive[pid], pid
+    for pid in _pids(manifest, "bystander", "shm_mapper", *CLIENT_ROLES):
+        assert alive[pid], pid
     how = dict((k["pid"], k["signal"]) for k in result["killed"])
-    ignorer = _role(crashed_node, "term_ignorer")[0]["pid"]
+    ignorer = _role(manifest, "term_ignorer")[0]["pid"]
     assert how.pop(ignorer) == "SIGKILL"
     assert set(how.values()) == {"SIGTERM"}
-    orphan = _role(crashed_node, "orphan_worker")[0]
+    orphan = _role(manifest, "orphan_worker")[0]
     assert orphan["pid"] in how
     assert result["survivors"] == []
-    persistenced = _role(crashed_node, "persistenced")[0]["pid"]
-    assert {"pid": persistenced, "reason": "protect_names"}.items() <= result["protected"][0].items()
+    # Device files open and none mapped, or mapped with no memory (CUDA initialised, no context):
+    # GPU clients, left alone. nvidia-persistenced is one too, so nothing needs protecting here.
+    assert sorted(c["pid"] for c in result["clients"]) == sorted(_pids(manifest, *CLIENT_ROLES))
+    assert result["protected"] == []
     targets = dict((t["pid"], t) for t in result["targets"])
     assert targets[orphan["pid"]]["gpus"] == orphan["gpus"]
     assert targets[orphan["pid"]]["gpu_memory_mib"] == orphan["mib"]
-    assert targets[_role(crashed_node, "api_server")[0]["pid"]]["reason"] == "cmdline"
+    unpinned = _role(manifest, "unpinned_worker")[0]
+    assert targets[unpinned["pid"]]["gpus"] == unpinned["gpus"]  # NVML narrows its mappings to its context
+    assert targets[_role(manifest, "api_server")[0]["pid"]]["reason"] == "cmdline"
+    # The forked child: not listed, but NVML lists its dead parent on its GPU.
+    forked = _role(manifest, "forked_child")[0]
+    assert (targets[forked["pid"]]["gpus"], targets[forked["pid"]]["reason"]) == (forked["gpus"], "device")
+    assert "gpu_memory_mib" not in targets[forked["pid"]]
+    assert "without nvidia-uvm" in targets[forked["pid"]]["evidence"]
+    assert "no live process it lists" in targets[forked["pid"]]["evidence"]
 
 
-def test_second_run_changes_nothing(crashed_node):
-    assert _reset(crashed_node)["changed"] is True
-    again = _reset(crashed_node)
+def test_second_run_changes_nothing(fake_nvml_lib):
+    _manifest, [(first, _alive), (again, _after)] = node(fake_nvml_lib, {}, {})
+    assert first["changed"] is True
     assert again["rc"] == 0
     assert again["changed"] is False
     assert again["targets"] == [] and again["killed"] == []
 
 
-def test_memory_before_is_what_the_holders_had_per_gpu(crashed_node):
+def test_memory_before_is_what_the_holders_had_per_gpu(fake_nvml_lib):
     """The "before" of the role's MiB freed comes from gpu_reset's own NVML reading."""
-    expected = dict((gpu, 0) for gpu in range(crashed_node["gpu_count"]))
-    for entries in crashed_node["processes"].values():
+    manifest, [(first, _alive), (again, _after)] = node(fake_nvml_lib, {}, {})
+    expected = dict((gpu, 0) for gpu in range(manifest["gpu_count"]))
+    for entries in manifest["processes"].values():
         for entry in entries:
             for gpu in entry["gpus"]:
                 expected[gpu] += entry["mib"]
-    first = _reset(crashed_node)
     assert dict((g["index"], g["memory_used_mib"]) for g in first["memory_before"]) == expected
-    assert dict((g["index"], g["memory_used_mib"]) for g in _reset(crashed_node)["memory_before"]) == dict(
-        (gpu, 0) for gpu in expected)
+    assert dict((g["index"], g["memory_used_mib"]) for g in again["memory_before"]) == dict((g, 0) for g in expected)
 
 
-def test_check_mode_lists_targets_and_kills_nothing(crashed_node):
-    result = _reset(crashed_node, check=True, diff=True)
+def test_check_mode_lists_targets_and_kills_nothing(fake_nvml_lib):
+    manifest, [(result, alive)] = node(fake_nvml_lib, {"check": True, "diff": True})
     assert result["rc"] == 0 and result["changed"] is True
-    expected = set(e["pid"] for role in ("worker", "orphan_worker", "term_ignorer", "api_server")
-                   for e in _role(crashed_node, role))
-    assert set(t["pid"] for t in result["targets"]) == expected
+    assert set(t["pid"] for t in result["targets"]) == _pids(manifest, "api_server", *HOLDER_ROLES)
     assert result["killed"] == []
-    for entries in crashed_node["processes"].values():
-        for entry in entries:
-            assert _alive(entry), entry
-    # diff: before lists every holder, after only the protected one that would remain
-    persistenced = _role(crashed_node, "persistenced")[0]["pid"]
-    assert result["diff"]["after"].startswith("%d " % persistenced)
+    assert all(alive.values())
+    # diff: before lists every process that maps a device file, after only the one that holds
+    # no memory (CUDA initialised without a context)
+    init_only = _role(manifest, "init_only")[0]["pid"]
+    assert result["diff"]["after"].startswith("%d " % init_only)
     assert len(result["diff"]["after"].splitlines()) == 1
-    assert len(result["diff"]["before"].splitlines()) == 7
+    assert len(result["diff"]["before"].splitlines()) == len(_pids(manifest, "init_only", *HOLDER_ROLES))
 
 
-def test_api_server_dies_only_when_a_pattern_names_it(crashed_node):
-    api = _role(crashed_node, "api_server")[0]
-    without = _reset(crashed_node, cmdline_patterns=[])
+def test_api_server_dies_only_when_a_pattern_names_it(fake_nvml_lib):
+    manifest, [(without, alive_without), (named, alive_named)] = node(fake_nvml_lib, {"pattern": False}, {})
+    api = _role(manifest, "api_server")[0]["pid"]
     assert without["rc"] == 0
-    assert api["pid"] not in [t["pid"] for t in without["targets"]]
-    assert _alive(api)
-    named = _reset(crashed_node)
-    assert [t["reason"] for t in named["targets"] if t["pid"] == api["pid"]] == ["cmdline"]
-    assert not _alive(api)
+    assert api not in [t["pid"] for t in without["targets"]]
+    assert alive_without[api]
+    assert [t["reason"] for t in named["targets"] if t["pid"] == api] == ["cmdline"]
+    assert not alive_named[api]
 
 
-def test_gpus_selection_spares_holders_of_other_gpus(crashed_node):
-    result = _reset(crashed_node, gpus=["1"], cmdline_patterns=[])
+def test_gpus_selection_spares_holders_of_other_gpus(fake_nvml_lib):
+    manifest, [(result, alive)] = node(fake_nvml_lib, {"params": {"gpus": ["1"]}, "pattern": False})
     assert result["rc"] == 0, result.get("msg")
-    on_gpu1 = [e for role in ("worker", "orphan_worker", "term_ignorer") for e in _role(crashed_node, role)
-               if 1 in e["gpus"]]
-    elsewhere = [e for role in ("worker", "orphan_worker", "term_ignorer") for e in _role(crashed_node, role)
-                 if 1 not in e["gpus"]]
+    holders = [e for role in HOLDER_ROLES for e in _role(manifest, role)]
+    on_gpu1 = [e["pid"] for e in holders if 1 in e["gpus"]]
+    elsewhere = [e["pid"] for e in holders if 1 not in e["gpus"]]
     assert on_gpu1 and elsewhere
-    assert set(t["pid"] for t in result["targets"]) == set(e["pid"] for e in on_gpu1)
-    assert not any(_alive(e) for e in on_gpu1)
-    assert all(_alive(e) for e in elsewhere)
-    # holders of nvidia0 only are spared: the orphan and worker 0
-    assert any(e["gpus"] == [0] for e in elsewhere)
+    assert sorted(t["pid"] for t in result["targets"]) == sorted(on_gpu1)
+    assert not any(alive[pid] for pid in on_gpu1)
+    assert all(alive[pid] for pid in elsewhere)
+    # the unpinned worker maps nvidia1 too, but its context is on another GPU
+    assert _role(manifest, "unpinned_worker")[0]["pid"] in elsewhere
 
 
-def test_gpu_uuid_selects_through_nvml(crashed_node):
-    from tests.fixtures.fake_nvml import FakeNvml
-    uuid1 = FakeNvml(crashed_node["nvml"]["state_dir"]).uuids[1]
-    result = _reset(crashed_node, check=True, gpus=[uuid1], cmdline_patterns=[])
+def test_gpu_uuid_selects_through_nvml(tmp_path, fake_nvml_lib):
+    uuid1 = FakeNvml(tmp_path / "uuids").create(gpu_count=4)[1]  # UUIDs follow from name and index
+    _manifest, [(result, _alive)] = node(fake_nvml_lib, {"check": True, "params": {"gpus": [uuid1]},
+                                                         "pattern": False})
     assert result["rc"] == 0, result.get("msg")
     assert set(g for t in result["targets"] for g in t["gpus"]) == {1}
 
 
 # --- NVML hints -------------------------------------------------------------------------
 
-def test_dead_parent_listed_by_nvml_kills_the_forked_child_not_the_reused_pid(dev, holders, fake_nvml):
-    # The parent opens nothing, forks a child that holds GPU 0, and exits. NVML keeps
-    # listing the parent's pid; here that pid "now belongs" to an unrelated process, which we
-    # stand in with a live bystander of ours that holds no device.
-    child = holders.start_with_child(open=[], child={"open": [str(dev / "nvidia0"), str(dev / "nvidiactl")]},
-                                     parent_exits=True)[1]
-    reused = holders.start()
-    fake_nvml.register(child, 0, 30000, reported_pid=reused)
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=fake_nvml.env())
+def test_dead_parent_listed_by_nvml_kills_the_forked_child_not_the_reused_pid(dev, fake_nvml_lib):
+    # The parent maps nothing, forks a child that holds GPU 0, and exits. NVML keeps listing
+    # the parent's pid; here that pid "now belongs" to an unrelated process, which we stand
+    # in with a live bystander that holds no device.
+    parent = {"key": "parent", "exits": True, "children": [cuda(dev, [0], key="child")],
+              "nvml": [{"holder": "child", "gpu": 0, "mib": 30000, "listed_as": "reused"}]}
+    out = reset([parent, {"key": "reused"}], [{"params": {"device_paths": globs(dev)}}], nvml=8,
+                lib_dir=str(fake_nvml_lib))
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")
     assert result["nvml"] == "ok"
-    assert [t["pid"] for t in result["targets"]] == [child]
-    assert not holders.alive(child)
-    assert holders.alive(reused)
+    assert [t["pid"] for t in result["targets"]] == [out["holders"]["child"]["pid"]]
+    assert out["runs"][0]["alive"] == {"child": False, "reused": True, "parent": False}
 
 
-def test_nvml_listed_holder_of_a_device_outside_device_paths_is_a_target(tmp_path, dev, holders, fake_nvml):
+def test_nvml_listed_holder_of_a_device_outside_device_paths_is_a_target(tmp_path, dev, fake_nvml_lib):
     other = tmp_path / "container-dev"
     other.mkdir()
     (other / "nvidia2").touch()
-    listed = holders.start(open=[str(other / "nvidia2")])
-    listed_no_device = holders.start()
-    fake_nvml.register(listed, 2, 1000)
-    fake_nvml.register(listed_no_device, 3, 1000)
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=fake_nvml.env())
+    holders = [{"key": "listed", "map": [str(other / "nvidia2")], "nvml": [{"gpu": 2, "mib": 1000}]},
+               {"key": "listed_no_device", "open": [str(other / "nvidia2")], "nvml": [{"gpu": 3, "mib": 1000}]}]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=8, lib_dir=str(fake_nvml_lib))
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")
-    assert [(t["pid"], t["reason"], t["gpus"]) for t in result["targets"]] == [(listed, "nvml", [2])]
-    assert not holders.alive(listed)
-    assert holders.alive(listed_no_device)
+    assert [(t["pid"], t["reason"], t["gpus"]) for t in result["targets"]] == [(out["holders"]["listed"]["pid"], "nvml", [2])]
+    assert out["runs"][0]["alive"] == {"listed": False, "listed_no_device": True}
 
 
-def test_without_nvml_the_device_files_are_enough(dev, holders):
-    pid = holders.start(open=[str(dev / "nvidia3")])
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
+def test_without_nvml_the_device_files_are_enough(dev):
+    out = reset([cuda(dev, [3], key="holder")], [{"params": {"device_paths": globs(dev)}}])
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")
     assert result["nvml"].startswith("unavailable: ")
-    assert [(t["pid"], t["gpus"], t["reason"]) for t in result["targets"]] == [(pid, [3], "device")]
+    assert [(t["pid"], t["gpus"], t["reason"]) for t in result["targets"]] == [(out["holders"]["holder"]["pid"], [3], "device")]
     assert "gpu_memory_mib" not in result["targets"][0]
-    assert not holders.alive(pid)
+    assert out["runs"][0]["alive"] == {"holder": False}
 
 
 # --- children, protection, zombies, survivors ------------------------------------------
 
-def test_children_of_a_target_die_unless_include_children_is_off(dev, holders):
-    spared_parent, spared_child = holders.start_with_child(open=[str(dev / "nvidia0")], child={"open": []})
-    off = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), include_children=False), env=_no_nvml())
-    assert [t["pid"] for t in off["targets"]] == [spared_parent]
-    assert holders.alive(spared_child) and not holders.alive(spared_parent)
+def test_children_of_a_target_die_unless_include_children_is_off(dev):
+    # The children are started anew (fork and exec): they map nothing, as a worker that has not
+    # initialised CUDA yet; only their parent's evidence makes them targets.
+    holders = [cuda(dev, [0], key="spared_parent", children=[{"key": "spared_child", "fresh": True}]),
+               cuda(dev, [1], key="parent", children=[{"key": "child", "fresh": True}])]
+    runs = [{"params": {"device_paths": [str(dev / "nvidia0")], "include_children": False}},
+            {"params": {"device_paths": globs(dev)}}]
+    out = reset(holders, runs)
+    off, on = out["runs"]
+    pid = dict((key, entry["pid"]) for key, entry in out["holders"].items())
+    assert [t["pid"] for t in off["result"]["targets"]] == [pid["spared_parent"]]
+    assert off["alive"]["spared_child"] and not off["alive"]["spared_parent"]
+    reasons = dict((t["pid"], t["reason"]) for t in on["result"]["targets"])
+    assert reasons == {pid["parent"]: "device", pid["child"]: "child"}  # spared_child's parent is gone now
+    assert not on["alive"]["parent"] and not on["alive"]["child"]
 
-    parent, child = holders.start_with_child(open=[str(dev / "nvidia1")], child={"open": []})
-    on = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
-    reasons = dict((t["pid"], t["reason"]) for t in on["targets"])
-    assert reasons[parent] == "device" and reasons[child] == "child"
-    assert not holders.alive(parent) and not holders.alive(child)
 
-
-def test_protected_holder_and_its_children_are_spared(tmp_path, dev, holders):
-    # A holder named like the persistence daemon: spared, and its child is not a target
-    # only because its excluded parent holds a device (exclusions come before children).
-    persistenced = tmp_path / "nvidia-persistenced"
-    persistenced.symlink_to(sys.executable)
-    spec = {"open": [str(dev / "nvidiactl")], "child": {"open": []}}
-    proc = subprocess.Popen([str(persistenced), "-c", HOLDER, json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-    holders.procs.append(proc)
-    lines = [json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())]
-    child = [line for line in lines if "child" in line][0]["child"]
-    holders.pids += [(proc.pid, _created(proc.pid)), (child, _created(child))]
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml())
+def test_protected_holder_and_its_children_are_spared(tmp_path, dev):
+    # A holder named like the persistence daemon: spared, and its child is not a target only
+    # because its excluded parent holds a device (exclusions come before children).
+    daemon = tmp_path / "nvidia-persistenced"
+    daemon.symlink_to(sys.executable)
+    holder = {"key": "daemon", "python": str(daemon), "open": [str(dev / "nvidiactl")], "map": [str(dev / "nvidiactl")],
+              "children": [{"key": "child", "fresh": True}]}
+    out = reset([holder], [{"params": {"device_paths": globs(dev)}}])
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0 and result["changed"] is False
     assert result["targets"] == []
-    assert [(p["pid"], p["reason"]) for p in result["protected"]] == [(proc.pid, "protect_names")]
-    assert holders.alive(proc.pid) and holders.alive(child)
+    assert [(p["pid"], p["reason"]) for p in result["protected"]] == [(out["holders"]["daemon"]["pid"], "protect_names")]
+    assert out["runs"][0]["alive"] == {"daemon": True, "child": True}
 
 
-def test_zombie_counts_as_gone(dev, holders):
+def test_zombie_counts_as_gone(dev):
     # The child holds the device and exits on SIGTERM; its parent never reaps it, so it stays
     # a zombie. That must count as gone at once: no SIGKILL, no survivor.
-    parent, child = holders.start_with_child(child={"open": [str(dev / "nvidia0")]})
-    result = run_module("gpu_reset", dict(device_paths=_globs(dev), include_children=False, grace_period=30,
-                                          kill_timeout=1), env=_no_nvml())
+    holder = {"key": "parent", "children": [cuda(dev, [0], key="child")]}
+    out = reset([holder], [{"params": {"device_paths": globs(dev), "include_children": False, "grace_period": 30,
+                                       "kill_timeout": 1}}])
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")
-    assert [(k["pid"], k["signal"]) for k in result["killed"]] == [(child, "SIGTERM")]
-    assert holders.alive(parent)
+    assert [(k["pid"], k["signal"]) for k in result["killed"]] == [(out["holders"]["child"]["pid"], "SIGTERM")]
+    assert out["runs"][0]["alive"] == {"parent": True, "child": False}
 
 
 @pytest.fixture
@@ -348,20 +267,17 @@ def _dissolve(base, groups):
         group.rmdir()
 
 
-def test_process_that_survives_sigkill_fails_the_task_with_its_reason(dev, holders, frozen_cgroup):
-    pid = holders.start(open=[str(dev / "nvidia2")])
-    (frozen_cgroup / "cgroup.procs").write_text(str(pid))
-    (frozen_cgroup / "freezer.state").write_text("FROZEN")
-    try:
-        result = run_module("gpu_reset", dict(device_paths=_globs(dev), grace_period=0.2, kill_timeout=0.5),
-                            env=_no_nvml())
-    finally:
-        (frozen_cgroup / "freezer.state").write_text("THAWED")
+def test_process_that_survives_sigkill_fails_the_task_with_its_reason(dev, frozen_cgroup):
+    out = reset([cuda(dev, [2], key="stuck")], [{"params": {"device_paths": globs(dev), "grace_period": 0.2,
+                                                            "kill_timeout": 0.5}}],
+                cgroups={"stuck": str(frozen_cgroup)}, frozen=str(frozen_cgroup))
+    result = out["runs"][0]["result"]
+    pid = out["holders"]["stuck"]["pid"]
     assert result["rc"] != 0 and result["failed"] is True
-    assert [(s["pid"], s["state"], s["devices"]) for s in result["survivors"]] == [(pid, "D", [str(dev / "nvidia2")])]
+    assert [(s["pid"], s["state"], s["devices"], s["signalled"]) for s in result["survivors"]] == [
+        (pid, "D", sorted([str(dev / "nvidia2"), str(dev / "nvidiactl"), str(dev / "nvidia-uvm")]), ["SIGTERM", "SIGKILL"])]
     assert result["survivors"][0]["action"] == "reboot or GPU reset required"
     assert "pid %d" % pid in result["msg"] and "reboot or GPU reset required" in result["msg"]
-    holders.procs[-1].wait(timeout=60)  # SIGKILL is delivered once thawed
 
 
 # --- scoping ---------------------------------------------------------------------------
@@ -385,63 +301,38 @@ def lxc_cgroups():
     _dissolve(base, sorted(nested, key=lambda group: -len(group.parts)))  # children before parents
 
 
-def test_cgroup_scope_spares_a_holder_in_another_container(dev, holders, lxc_cgroups):
+def test_cgroup_scope_spares_a_holder_in_another_container(dev, lxc_cgroups):
     top, groups = lxc_cgroups
-    inside = holders.start(open=[str(dev / "nvidia0")])
-    other = holders.start(open=[str(dev / "nvidia1")])
-    (groups["129"] / "cgroup.procs").write_text(str(inside))
-    (groups["130"] / "cgroup.procs").write_text(str(other))
+    holders = [cuda(dev, [0], key="inside"), cuda(dev, [1], key="other")]
     scope = "/%s/lxc/129/" % top.name
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), cgroup=scope), env=_no_nvml())
+    out = reset(holders, [{"params": {"device_paths": globs(dev), "cgroup": scope}}],
+                cgroups={"inside": str(groups["129"]), "other": str(groups["130"])})
+    result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")
-    assert [t["pid"] for t in result["targets"]] == [inside]
-    assert not holders.alive(inside) and holders.alive(other)
+    assert [t["pid"] for t in result["targets"]] == [out["holders"]["inside"]["pid"]]
+    assert out["runs"][0]["alive"] == {"inside": False, "other": True}
 
 
-def test_users_scope(dev, holders):
-    pid = holders.start(open=[str(dev / "nvidia0")])
-    nobody = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), users=["nobody"]), env=_no_nvml())
-    assert nobody["rc"] == 0 and nobody["targets"] == [] and holders.alive(pid)
-    mine = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), users=[str(os.getuid())]), env=_no_nvml())
-    assert [t["pid"] for t in mine["targets"]] == [pid] and not holders.alive(pid)
+def test_users_scope(dev):
+    runs = [{"params": {"device_paths": globs(dev), "users": ["nobody"]}},
+            {"params": {"device_paths": globs(dev), "users": ["0"]}}]
+    out = reset([cuda(dev, [0], key="holder")], runs)
+    nobody, mine = out["runs"]
+    assert nobody["result"]["rc"] == 0 and nobody["result"]["targets"] == [] and nobody["alive"]["holder"]
+    assert [t["pid"] for t in mine["result"]["targets"]] == [out["holders"]["holder"]["pid"]]
+    assert not mine["alive"]["holder"]
 
 
-# --- bad input: one clear message, nothing killed ---------------------------------------
-
-@pytest.mark.parametrize("params, message", [
-    ({"cmdline_patterns": ["vllm serve ("]}, "not a valid regular expression"),
-    ({"grace_period": -1}, "grace_period must be zero or more seconds"),
-    ({"kill_timeout": -0.5}, "kill_timeout must be zero or more seconds"),
-    ({"grace_period": "soon"}, "grace_period"),
-    ({"gpus": ["7"]}, "GPU indices 0, 1, 2, 3"),
-    ({"gpus": ["GPU-0000"]}, "UUIDs need NVML"),
-    ({"device_paths": ["dev/nvidia*"]}, "not an absolute path"),
-])
-def test_bad_input_fails_clearly_and_kills_nothing(dev, holders, params, message):
-    pid = holders.start(open=[str(dev / "nvidia0")])
-    args = dict(FAST, device_paths=_globs(dev))
-    args.update(params)
-    result = run_module("gpu_reset", args, env=_no_nvml())
-    assert result["rc"] != 0 and result["failed"] is True
-    assert message in result["msg"]
-    assert holders.alive(pid)
-
-
-def test_unknown_gpu_with_nvml_lists_the_valid_ones(dev, holders, fake_nvml):
-    pid = holders.start(open=[str(dev / "nvidia0")])
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev), gpus=["9"]), env=fake_nvml.env())
-    assert result["rc"] != 0
-    assert "0-7" in result["msg"] and fake_nvml.uuids[0] in result["msg"]
-    assert holders.alive(pid)
-
+# --- what needs no process -------------------------------------------------------------
 
 def test_device_glob_matching_nothing_is_nothing_to_do(tmp_path):
-    result = run_module("gpu_reset", dict(FAST, device_paths=[str(tmp_path / "nothing" / "nvidia*")]), env=_no_nvml())
+    result = run_module("gpu_reset", {"device_paths": [str(tmp_path / "nothing" / "nvidia*")], "grace_period": 1},
+                        env=NO_NVML)
     assert result["rc"] == 0
     assert result["changed"] is False and result["targets"] == []
 
 
-def test_missing_psutil_names_the_library_and_kills_nothing(tmp_path, dev, holders):
+def test_missing_psutil_names_the_library_and_kills_nothing(tmp_path, dev):
     # An interpreter on which `import psutil` fails, as on a host without it: the real
     # interpreter with psutil's import blocked before the module file runs.
     python = tmp_path / "python-without-psutil"
@@ -449,72 +340,8 @@ def test_missing_psutil_names_the_library_and_kills_nothing(tmp_path, dev, holde
                       "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name=\"__main__\")' \"$@\"\n"
                       % sys.executable)
     python.chmod(0o755)
-    pid = holders.start(open=[str(dev / "nvidia0")])
-    result = run_module("gpu_reset", dict(FAST, device_paths=_globs(dev)), env=_no_nvml(), python=str(python))
+    out = reset([cuda(dev, [0], key="holder")], [{"params": {"device_paths": globs(dev)}, "python": str(python)}])
+    result = out["runs"][0]["result"]
     assert result["rc"] != 0
     assert "psutil" in result["msg"] and "Failed to import the required Python library" in result["msg"]
-    assert holders.alive(pid)
-
-
-# --- pid reuse between planning and signalling ------------------------------------------
-
-def _start_at_pid(pid, tries=200):
-    """A bystander (sleep) started with exactly this pid through ns_last_pid, or None."""
-    for _attempt in range(tries):
-        try:
-            with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
-                handle.write(str(pid - 1))
-        except OSError:
-            return None
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait()
-    return None
-
-
-def test_a_target_whose_pid_is_reused_after_planning_is_not_signalled(dev, holders, monkeypatch):
-    # The holder is planned as a target, then exits; its pid goes to an unrelated process
-    # before the signals. The identity (start time) must be the one planned, not the newcomer's.
-    import time as _time
-    from ansible_collections.cleanslate.gpu.plugins.modules import gpu_reset
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to steer the next pid through ns_last_pid")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; h = open(sys.argv[1], 'rb'); "
-                               "print('ready', flush=True); time.sleep(600)", str(dev / "nvidia0")],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "ready"
-    pid = holder.pid
-    newcomer = []
-    original_plan = gpu_reset.Planner.plan
-
-    def plan_then_reuse(self):
-        reasons = original_plan(self)
-        assert pid in reasons
-        holder.kill()
-        holder.wait()
-        _time.sleep(0.05)  # start times count clock ticks: the newcomer starts in a later tick
-        newcomer.append(_start_at_pid(pid))
-        return reasons
-
-    monkeypatch.setattr(gpu_reset.Planner, "plan", plan_then_reuse)
-
-    class Module(object):
-        check_mode = False
-        _diff = False
-        params = dict(device_paths=_globs(dev), gpus=[], cmdline_patterns=[], cgroup=None, users=None,
-                      protect_names=gpu_reset.DEFAULT_PROTECT_NAMES, include_children=True,
-                      grace_period=0.5, kill_timeout=5)
-
-    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent-cleanslate-test")
-    try:
-        gpu_reset.run(Module(), _time.monotonic())
-        if newcomer[0] is None:
-            pytest.skip("could not start a process with the freed pid")
-        assert newcomer[0].poll() is None, "the process that took over the planned target's pid was signalled"
-    finally:
-        if newcomer and newcomer[0] is not None:
-            newcomer[0].kill()
-            newcomer[0].wait()
+    assert out["runs"][0]["alive"] == {"holder": True}

@@ -1,7 +1,8 @@
 """nvml_verify run as Ansible runs it, against the fake libnvidia-ml loaded by the real pynvml.
 
 Holders are real processes this test starts; the fake NVML counts their memory only while
-they live, so killing one is what frees "the GPU".
+they live, so killing one is what frees "the GPU". Which GPUs the module touched comes from
+the fake's call log (FakeNvml.record_calls), not from timing.
 """
 from __future__ import annotations
 
@@ -39,6 +40,27 @@ def holders():
 
 def verify(fake_nvml, check=False, **params):
     return run_module("nvml_verify", params, check=check, env=fake_nvml.env())
+
+
+def label(fake_nvml, index, physical=None):
+    """How the module names a GPU: its index, then its UUID and PCI bus id (the card as created)."""
+    gpu = fake_nvml.gpus()[index if physical is None else physical]
+    return "GPU %d (%s, %s)" % (index, gpu["uuid"], gpu["pci_bus_id"])
+
+
+def touched(fake_nvml):
+    """The GPUs (as created) that recorded NVML calls named; None stands for system-wide calls."""
+    return {row["gpu"] for row in fake_nvml.calls()}
+
+
+def wait_for_call(fake_nvml, call, gpu, give_up_s=60.0):
+    """Block until the module has made `call` on GPU `gpu` (as created)."""
+    deadline = time.monotonic() + give_up_s
+    while time.monotonic() < deadline:
+        if any(row["call"] == call and row["gpu"] == gpu for row in fake_nvml.calls()):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the module never made %s on GPU %d" % (call, gpu))
 
 
 def module_pid(state_dir: Path) -> int | None:
@@ -100,8 +122,7 @@ def test_live_holder_fails_with_gpu_pid_and_memory(fake_nvml, holders):
     assert gpu2["processes"] == [{"pid": holder.pid, "used_mib": 4000, "type": "compute", "exists": True}]
     assert gpu2["memory_used_mib"] == 4000
     msg = result["msg"]
-    assert "GPU 2 (%s)" % fake_nvml.uuids[2] in msg
-    assert "process %d (exists here, 4000 MiB)" % holder.pid in msg
+    assert label(fake_nvml, 2) + ": NVML lists compute process %d (exists here, 4000 MiB)" % holder.pid in msg
     assert "4000 MiB of memory used" in msg and "cleanslate.gpu.gpu_reset" in msg
     assert result["polls"] >= 2
     # The other GPUs are clean and not named.
@@ -133,26 +154,44 @@ def test_passes_when_holder_is_killed_during_the_poll(fake_nvml, holders):
 
 def test_memory_stuck_with_no_process_fails_after_timeout(fake_nvml):
     fake_nvml.inject("stuck_memory", gpu=5, mib=2048)
-    result = verify(fake_nvml, timeout=0.5, poll_interval=0.1)
+    result = verify(fake_nvml, timeout=1, poll_interval=0.1)
     assert result["rc"] != 0 and result["ok"] is False
-    assert result["waited_s"] >= 0.5
-    assert result["polls"] >= 2
+    assert result["polls"] >= 2  # memory may still be freed: it polls on until the timeout
+    assert "no longer polling" not in result["msg"]
     gpu5 = result["gpus"][5]
     assert gpu5["processes"] == [] and gpu5["unattributed_mib"] == 2048
-    assert "GPU 5 (%s)" % fake_nvml.uuids[5] in result["msg"]
+    assert label(fake_nvml, 5) + ": 2048 MiB of memory used" in result["msg"]
     assert "2048 MiB is memory used with no visible process" in result["msg"]
     assert "nvidia-smi -r -i 5" in result["msg"]
 
 
-def test_lost_gpu_fails_expected_count(fake_nvml):
-    fake_nvml.inject("gpu_lost", gpu=3)
+def test_gpu_missing_from_the_enumeration_fails_expected_count(fake_nvml):
+    fake_nvml.inject("gpu_removed", gpu=3)
     result = verify(fake_nvml, expected_count=8, timeout=0.2)
     assert result["rc"] != 0 and result["ok"] is False
     assert result["count"] == 7
-    assert "NVML reaches 7 GPUs (7 listed), 8 expected" in result["msg"]
-    assert "fell off the bus" in result["msg"]
-    # Without the count check the seven that answer are clean.
+    assert result["problems"] == ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or was not probed when the"
+                                  " driver loaded; check dmesg for Xid 79 or 'fallen off the bus', then reboot."]
+    # Without the count check the seven that are listed are clean.
     assert verify(fake_nvml, expected_count=8, checks=["memory", "processes"])["ok"] is True
+
+
+def test_lost_gpu_is_reported_lost_whatever_the_checks(fake_nvml):
+    # A GPU that fell off the bus keeps its place in the enumeration and answers GPU_IS_LOST.
+    fake_nvml.inject("gpu_lost", gpu=3)
+    result = verify(fake_nvml, expected_count=8, checks=["ecc"], timeout=60)
+    assert result["rc"] != 0 and result["ok"] is False
+    assert result["count"] == 8 and result["problems"] == []
+    gpu3 = result["gpus"][3]
+    assert (gpu3["index"], gpu3["uuid"], gpu3["pci_bus_id"]) == (3, None, None)  # never answered: unknown
+    assert gpu3["problems"] == [
+        "GPU 3 (UUID unknown, PCI bus id unknown): lost (NVML: GPU is lost): it fell off the bus or stopped answering"
+        " (NVML does not tell a lost GPU's PCI bus id: nvidia-smi prints it); check dmesg for Xid 79, then reboot or"
+        " power-cycle the host."]
+    assert [gpu["index"] for gpu in result["gpus"] if gpu["problems"]] == [3]
+    # Waiting cannot bring it back: the module says so at once instead of polling for 60 s.
+    assert result["polls"] == 1
+    assert "no longer polling: waiting cannot clear these" in result["msg"]
 
 
 @pytest.mark.parametrize("fault, params, expected", [
@@ -163,11 +202,12 @@ def test_lost_gpu_fails_expected_count(fake_nvml):
 ])
 def test_health_faults_fail_with_their_counters(fake_nvml, fault, params, expected):
     fake_nvml.inject(fault, gpu=1, **params)
-    result = verify(fake_nvml, timeout=0)
+    result = verify(fake_nvml, timeout=60)
     assert result["rc"] != 0 and result["ok"] is False
-    assert result["polls"] == 1
-    assert "GPU 1 (%s): " % fake_nvml.uuids[1] in result["msg"]
-    assert expected in result["msg"]
+    assert result["polls"] == 1  # no wait clears these: it does not poll on for 60 s
+    problems = result["gpus"][1]["problems"]
+    assert problems and all(problem.startswith(label(fake_nvml, 1) + ": ") for problem in problems)
+    assert expected in problems[0]
     assert [gpu["index"] for gpu in result["gpus"] if gpu["problems"]] == [1]
 
 
@@ -222,12 +262,15 @@ def test_allow_processes_with_a_higher_memory_limit_passes(fake_nvml, holders):
     assert result["gpus"][6]["processes"][0]["pid"] == holder.pid
 
 
-def test_selects_gpus_by_index_and_uuid(fake_nvml, holders):
+def test_selects_gpus_by_index_uuid_and_pci_bus_id(fake_nvml, holders):
     holder = holders()
     fake_nvml.register(holder.pid, 0, 9000)  # GPU 0 is busy but not selected
-    result = verify(fake_nvml, gpus=["3", fake_nvml.uuids[5].lower()], timeout=0)
+    result = verify(fake_nvml, gpus=["3", fake_nvml.uuids[5].upper(), "0000:db:00.0", "7"],
+                    timeout=0)
     assert result["rc"] == 0, result["msg"]
-    assert [gpu["index"] for gpu in result["gpus"]] == [3, 5]
+    assert [(gpu["index"], gpu["uuid"], gpu["pci_bus_id"]) for gpu in result["gpus"]] == [
+        (index, fake_nvml.uuids[index], fake_nvml.gpus()[index]["pci_bus_id"]) for index in (3, 5, 7)]
+    assert [gpu["minor_number"] for gpu in result["gpus"]] == [3, 5, 7]
 
 
 def test_check_mode_runs_the_same_check(fake_nvml):
@@ -261,23 +304,228 @@ def test_hung_gpu_call_is_bounded(fake_nvml):
     fake_nvml.inject("hang", gpu=6, seconds=300)
     # run_module gives up after 60 s: the module must return long before the hang ends.
     result = run_module("nvml_verify", {"call_timeout": 0.5}, env=fake_nvml.env(), timeout=60)
-    assert result["rc"] != 0
-    assert "on GPU 6 did not return within 0.5 s" in result["msg"]
+    assert result["rc"] != 0 and result["ok"] is False
+    assert result["gpus"][6]["problems"] == [
+        label(fake_nvml, 6) + ": NVML call nvmlDeviceGetMemoryInfo_v2 did not return within 0.5 s (call_timeout): the"
+        " GPU or its driver is hung; check dmesg for Xid errors, then reset the GPU (nvidia-smi -r -i 6) or reboot."]
+    assert result["unfinished_call"]["cause"] == "call_timeout"
+    # GPUs 0-5 were read before it: their readings are reported; 7 was never reached.
+    assert all(gpu["memory_used_mib"] == 0 and not gpu["problems"] for gpu in result["gpus"][:6])
+    assert result["gpus"][7]["memory_used_mib"] is None and "not read" in result["gpus"][7]["problems"][0]
     assert "Traceback" not in str(result)
 
 
+# ----- inputs: one clear sentence, NVML never touched -----
+
 @pytest.mark.parametrize("params, expected", [
-    ({"timeout": -1}, "timeout must be 0 or more, got -1"),
-    ({"poll_interval": 0}, "poll_interval must be more than 0, got 0"),
-    ({"max_memory_used_mib": -5}, "max_memory_used_mib must be 0 or more, got -5"),
+    ({"timeout": -1}, "timeout must be 0 or more seconds, got -1"),
+    ({"timeout": "nan"}, "timeout must be a finite number"),
+    ({"timeout": "inf"}, "timeout must be a finite number"),
+    ({"timeout": 1e10}, "timeout must be 86400 or less seconds, got 10000000000.0"),
+    ({"timeout": "soon"}, "timeout"),
+    ({"poll_interval": 0}, "poll_interval must be more than 0 seconds, got 0"),
+    ({"poll_interval": -0.5}, "poll_interval must be more than 0 seconds, got -0.5"),
+    ({"poll_interval": "nan"}, "poll_interval must be a finite number"),
+    ({"poll_interval": "-inf"}, "poll_interval must be a finite number"),
+    ({"poll_interval": 1e300}, "poll_interval must be 3600 or less seconds"),
+    ({"poll_interval": [1]}, "poll_interval"),
+    ({"call_timeout": 0}, "call_timeout must be more than 0 seconds, got 0"),
+    ({"call_timeout": "nan"}, "call_timeout must be a finite number"),
+    ({"call_timeout": "inf"}, "call_timeout must be a finite number"),
+    ({"call_timeout": 1e10}, "call_timeout must be 3600 or less seconds"),
+    ({"call_timeout": -1}, "call_timeout must be more than 0 seconds, got -1"),
+    ({"call_timeout": "fast"}, "call_timeout"),
+    ({"max_memory_used_mib": -5}, "max_memory_used_mib must be 0 or more MiB, got -5"),
+    ({"max_memory_used_mib": "x"}, "max_memory_used_mib"),
+    ({"max_memory_used_mib": "nan"}, "max_memory_used_mib"),
+    # "inf" for an int option is a traceback inside ansible-core 2.19's own check_type_int, before the module
+    # runs (fixed upstream: ansible/ansible#87253); float options take it and are refused above.
     ({"expected_count": 0}, "expected_count must be 1 or more, got 0"),
+    ({"expected_count": -3}, "expected_count must be 1 or more, got -3"),
+    ({"expected_count": 1.5}, "expected_count"),
+    ({"expected_count": "nan"}, "expected_count"),
+    ({"checks": []}, "checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
+                     " remapped_rows, retired_pages"),
     ({"checks": ["memory", "temperature"]}, "temperature"),
-    ({"gpus": ["9"]}, "unknown GPU '9': this host has GPU indices 0-7 and UUIDs GPU-"),
-    ({"gpus": ["GPU-nope"]}, "unknown GPU 'GPU-nope'"),
+    ({"gpus": [""]}, "gpus entry '' is not a GPU index (0), a UUID (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77) or a"
+                     " PCI bus id (00000000:18:00.0)"),
+    ({"gpus": ["\u00b2"]}, "gpus entry '\u00b2' is not a GPU index"),
+    ({"gpus": ["-1"]}, "gpus entry '-1' is not a GPU index"),
+    ({"gpus": ["GPU-nope"]}, "gpus entry 'GPU-nope' is not a GPU index"),
+    ({"gpus": ["MIG-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77"]}, "is not a GPU index"),
+    ({"gpus": ["18:00"]}, "gpus entry '18:00' is not a GPU index"),
+    ({"gpus": ["0\n1"]}, "is not a GPU index"),
 ])
-def test_bad_input_is_one_clear_error(fake_nvml, params, expected):
+def test_bad_input_is_one_clear_error_and_nvml_is_not_touched(fake_nvml, params, expected):
+    fake_nvml.record_calls()
     result = verify(fake_nvml, **params)
     assert result["rc"] != 0
     assert result.get("changed", False) is False
     assert expected in result["msg"]
+    assert "gpus" not in result
+    assert fake_nvml.calls() == []
     assert "Traceback" not in str(result)
+
+
+def test_a_huge_expected_count_is_a_count_problem_in_one_sentence(fake_nvml):
+    result = verify(fake_nvml, expected_count=10 ** 20, timeout=30)
+    assert result["rc"] != 0 and result["polls"] == 1
+    assert result["problems"][0].startswith("NVML lists 8 GPUs, 100000000000000000000 expected: ")
+
+
+def test_every_bad_input_is_named_at_once(fake_nvml):
+    result = verify(fake_nvml, timeout="nan", poll_interval=0, checks=[], gpus=["x"])
+    assert result["rc"] != 0
+    for option in ("timeout", "poll_interval", "checks", "gpus entry 'x'"):
+        assert option in result["msg"]
+
+
+@pytest.mark.parametrize("selector", ["9", "GPU-00000000-0000-0000-0000-000000000000", "0000:99:00.0"])
+def test_unknown_gpu_names_the_gpus_there_are(fake_nvml, selector):
+    result = verify(fake_nvml, gpus=["0", selector])
+    assert result["rc"] != 0 and "Traceback" not in str(result)
+    assert result["msg"].startswith("unknown GPU %r: this host has GPU indices 0-7 and UUIDs " % selector)
+    assert "%s (2, %s)" % (fake_nvml.uuids[2], fake_nvml.gpus()[2]["pci_bus_id"]) in result["msg"]
+
+
+def test_max_memory_at_or_above_a_gpus_memory_is_refused(fake_nvml):
+    # Like checks: [], a limit no GPU can reach would pass a GPU whatever it holds.
+    result = verify(fake_nvml, gpus=["0"], max_memory_used_mib=143771, timeout=30)
+    assert result["rc"] != 0 and result["polls"] == 1
+    assert result["gpus"][0]["problems"] == [
+        label(fake_nvml, 0) + ": max_memory_used_mib 143771 is not below this GPU's 143771 MiB of memory, so the"
+        " memory check could never fail; give a lower limit, or leave memory out of checks."]
+    assert verify(fake_nvml, gpus=["0"], max_memory_used_mib=143771, checks=["processes"])["ok"] is True
+
+
+# ----- timeout bounds the whole call -----
+
+def test_timeout_bounds_slow_reads(fake_nvml):
+    # Every memory and process call takes 1.9 s on every GPU: one read of 8 GPUs takes a minute.
+    fake_nvml.inject("hang", seconds=1.9)
+    result = run_module("nvml_verify", {"timeout": 1}, env=fake_nvml.env(), timeout=170)
+    assert result["rc"] != 0 and result["ok"] is False
+    assert result["polls"] == 0  # not one read finished
+    assert result["unfinished_call"]["call"] == "nvmlDeviceGetMemoryInfo_v2"
+    assert result["unfinished_call"]["cause"] == "timeout"
+    assert (result["unfinished_call"]["index"], result["unfinished_call"]["uuid"]) == (0, fake_nvml.uuids[0])
+    assert result["gpus"][0]["problems"][0].startswith(
+        label(fake_nvml, 0) + ": NVML call nvmlDeviceGetMemoryInfo_v2 had been running for ")
+    assert "when the 1 s timeout ran out: NVML answers slowly or the GPU is hung" in result["msg"]
+    assert result["msg"].startswith("GPUs not proved clean: time ran out after ")
+    # Seven GPUs were never reached, and say so rather than pass.
+    assert all("not read" in gpu["problems"][0] for gpu in result["gpus"][1:])
+    # Before the deadline covered reads, this took 61 s; a generous bound, not a timing test.
+    assert result["waited_s"] < 20
+
+
+def test_timeout_bounds_nvml_init(fake_nvml):
+    # Without persistence mode nvmlInit can take seconds; the timeout starts before it.
+    fake_nvml.inject("init_delay", seconds=60)
+    result = run_module("nvml_verify", {"timeout": 1, "call_timeout": 120}, env=fake_nvml.env(), timeout=170)
+    assert result["rc"] != 0 and result["ok"] is False
+    assert result["unfinished_call"]["call"] == "nvmlInit" and result["unfinished_call"]["index"] is None
+    assert result["gpus"] == [] and result["polls"] == 0
+    assert len(result["problems"]) == 1
+    assert result["problems"][0].startswith("NVML call nvmlInit had been running for ")
+    assert result["problems"][0].endswith("when the 1 s timeout ran out: NVML answers slowly or the GPU is hung;"
+                                          " check dmesg for Xid errors, and give a longer timeout if NVML is only slow.")
+    assert result["waited_s"] < 20  # the init sleeps 60 s
+
+
+def test_timeout_zero_gives_its_one_read_call_timeout_in_all(fake_nvml):
+    fake_nvml.inject("hang", seconds=0.8)  # each call answers within call_timeout; the read does not
+    result = run_module("nvml_verify", {"timeout": 0, "call_timeout": 2}, env=fake_nvml.env(), timeout=170)
+    assert result["rc"] != 0 and result["polls"] == 0
+    assert result["unfinished_call"]["cause"] == "timeout"
+    assert "when the 2 s that timeout 0 gives its one read (call_timeout) ran out" in result["msg"]
+    assert result["waited_s"] < 20  # one full read would take 8 x 4 x 0.8 = 26 s
+
+
+def test_a_read_is_not_started_when_it_cannot_end_before_the_timeout(fake_nvml, holders):
+    # Each read of GPU 0 takes at least 0.2 s (4 slow calls); reads would start every 0.3 s. The
+    # last one must not start so late that the timeout cuts it and blames NVML for being slow.
+    holder = holders()
+    fake_nvml.register(holder.pid, 0, 500)
+    fake_nvml.inject("hang", gpu=0, seconds=0.05)
+    result = verify(fake_nvml, gpus=["0"], timeout=1, poll_interval=0.3)
+    assert result["rc"] != 0 and result["polls"] >= 1
+    assert result["unfinished_call"] is None
+    assert result["msg"].startswith("GPUs not clean after ")
+    assert result["gpus"][0]["problems"][0].startswith(label(fake_nvml, 0) + ": NVML lists compute process")
+
+
+# ----- selection: pinned to the card, unselected GPUs untouched -----
+
+@pytest.mark.parametrize("fault", ["gpu_removed", "gpu_lost"])
+def test_an_index_stays_on_its_card_when_the_gpu_falls_off(fake_nvml, holders, fault):
+    holder = holders()
+    fake_nvml.register(holder.pid, 0, 70000)  # GPU 0 stays busy: the module keeps polling
+    fake_nvml.record_calls()
+    box = {}
+    runner = threading.Thread(target=lambda: box.update(verify(fake_nvml, gpus=["0"], timeout=120, poll_interval=0.05)))
+    runner.start()
+    try:
+        wait_for_call(fake_nvml, "nvmlDeviceGetMemoryInfo_v2", 0)  # GPU 0 is pinned and read
+        fake_nvml.inject(fault, gpu=0)  # with gpu_removed, the old GPU 1 is index 0 now
+    finally:
+        runner.join(150)
+    assert box["rc"] != 0 and box["ok"] is False
+    [gpu] = box["gpus"]
+    # Reported under the card's own name, lost, not replaced by the (clean) card that took its index.
+    assert (gpu["index"], gpu["uuid"], gpu["pci_bus_id"]) == (0, fake_nvml.uuids[0], "00000000:18:00.0")
+    assert gpu["problems"][0].startswith(label(fake_nvml, 0) + ": lost (NVML: GPU is lost)")
+    assert touched(fake_nvml) <= {None, 0}  # never a call on another card
+    assert "no longer polling" in box["msg"]
+
+
+@pytest.mark.parametrize("selector", ["uuid", "0000:3a:00.0"])
+def test_a_lost_gpu_selected_by_uuid_or_bus_id_is_reported_lost_by_that_name(fake_nvml, selector):
+    fake_nvml.inject("gpu_lost", gpu=2)
+    chosen = fake_nvml.uuids[2] if selector == "uuid" else selector
+    result = verify(fake_nvml, gpus=[chosen, "5"], timeout=30)
+    assert result["rc"] != 0 and result["ok"] is False
+    lost, five = result["gpus"][-1], result["gpus"][0]
+    assert five["index"] == 5 and five["problems"] == []
+    if selector == "uuid":
+        assert (lost["uuid"], lost["pci_bus_id"]) == (fake_nvml.uuids[2], None)
+    else:
+        assert (lost["uuid"], lost["pci_bus_id"]) == (None, "00000000:3A:00.0")
+    assert lost["index"] is None  # NVML cannot say where in the enumeration a lost GPU sits
+    assert lost["problems"][0].startswith("GPU at an unknown index (")
+    assert "lost (NVML: GPU is lost)" in lost["problems"][0]
+
+
+def test_an_index_selection_with_a_gpu_missing_is_refused(fake_nvml):
+    # GPU 2 was not probed at driver load: the old GPU 6 is index 5 now, so "5" may not be the card meant.
+    fake_nvml.inject("gpu_removed", gpu=2)
+    result = verify(fake_nvml, gpus=["5"], expected_count=8, checks=["memory"], timeout=30)
+    assert result["rc"] != 0 and result["polls"] == 1
+    assert (result["gpus"][0]["index"], result["gpus"][0]["uuid"]) == (5, fake_nvml.uuids[6])  # what it read, told
+    assert result["problems"] == [
+        "NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or was not probed when the driver loaded; check dmesg"
+        " for Xid 79 or 'fallen off the bus', then reboot. The GPUs after the missing one have moved down one index,"
+        " so gpus given by index may name other cards than meant: select them by UUID or PCI bus id."]
+    # By UUID the card is found wherever it moved; only the count check still speaks.
+    by_uuid = verify(fake_nvml, gpus=[fake_nvml.uuids[6]], expected_count=8, checks=["memory"], timeout=30)
+    assert by_uuid["rc"] == 0, by_uuid["msg"]
+    assert by_uuid["gpus"][0]["pci_bus_id"] == fake_nvml.gpus()[6]["pci_bus_id"]
+
+
+def test_a_hung_gpu_outside_the_selection_is_never_touched(fake_nvml):
+    fake_nvml.inject("hang", gpu=6, seconds=300)
+    fake_nvml.record_calls()
+    result = verify(fake_nvml, gpus=["0", "1"], expected_count=8, call_timeout=2, timeout=30)
+    assert result["rc"] == 0, result["msg"]
+    assert [gpu["index"] for gpu in result["gpus"]] == [0, 1]
+    assert touched(fake_nvml) == {None, 0, 1}
+
+
+def test_a_lost_gpu_outside_the_selection_does_not_fail_it(fake_nvml):
+    fake_nvml.inject("gpu_lost", gpu=6)
+    fake_nvml.record_calls()
+    result = verify(fake_nvml, gpus=["0", "1"], expected_count=8, timeout=30)
+    assert result["rc"] == 0, result["msg"]
+    assert touched(fake_nvml) == {None, 0, 1}
+    # Selected, it fails.
+    assert verify(fake_nvml, gpus=["0", "6"], expected_count=8, timeout=30)["rc"] != 0

@@ -554,8 +554,8 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
         "bad module name": ({"modules": ["pkg..mod"]}, "modules entry 'pkg..mod' is not a dotted module name"),
         "timeout zero": ({"probe_timeout": 0}, "probe_timeout must be more than 0 seconds, got 0.0"),
         "timeout negative": ({"probe_timeout": -5}, "probe_timeout must be more than 0 seconds, got -5.0"),
-        "timeout nan": ({"probe_timeout": "nan"}, "probe_timeout must be a finite number seconds, got nan"),
-        "timeout inf": ({"probe_timeout": "inf"}, "probe_timeout must be a finite number seconds, got inf"),
+        "timeout nan": ({"probe_timeout": "nan"}, "probe_timeout must be a finite number of seconds, got nan"),
+        "timeout inf": ({"probe_timeout": "inf"}, "probe_timeout must be a finite number of seconds, got inf"),
         "timeout huge": ({"probe_timeout": 1e10}, "probe_timeout must be 86400 or less seconds, got 10000000000.0"),
         "timeout not a number": ({"probe_timeout": "soon"}, "argument 'probe_timeout' is of type str and we were unable to convert to float"),
     }[case]

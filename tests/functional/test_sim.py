@@ -21,7 +21,7 @@ from tests.sim import procinfo
 from tests.sim.processes import recorded
 
 REPO = Path(__file__).resolve().parents[2]
-HOLDERS = ("worker", "orphan_worker", "term_ignorer")
+HOLDERS = ("worker", "orphan_worker", "term_ignorer", "unpinned_worker", "forked_child")
 SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 
 
@@ -117,20 +117,37 @@ def test_api_server_pattern_matches_only_this_nodes_api_server(crashed_node):
     assert "vllm serve" in " ".join(m["processes"]["api_server"][0]["cmdline"])
 
 
-def test_holders_keep_their_device_files_open(crashed_node):
+def test_device_files_are_opened_and_mapped_as_the_real_driver_shows_them(crashed_node):
+    """Every process that touches the driver opens every device file; one with a CUDA context
+    maps its visible GPUs' files plus nvidiactl and nvidia-uvm (measured on driver 580)."""
     m = crashed_node
     dev_dir = m["dev_dir"]
+    every = set(m["device_files"])
     for role, entry in entries(m):
         held = {path for path in open_files(entry["pid"]) if path.startswith(dev_dir + "/")}
+        maps = {path for path in mapped_files(entry["pid"]) if path.startswith(dev_dir + "/")}
         assert held == set(entry["devices"]), role
-        if role in HOLDERS:
-            assert entry["devices"], role
+        assert maps == set(entry["maps"]), role
+        if role in HOLDERS or role == "init_only":
+            assert held == every, role
+            gpus = {int(Path(p).name[len("nvidia"):]) for p in maps if Path(p).name[len("nvidia"):].isdigit()}
+            shared = {dev_dir + "/nvidiactl"} | ({dev_dir + "/nvidia-uvm"} if role in HOLDERS[:4] else set())
+            assert maps - {dev_dir + "/nvidia%d" % g for g in gpus} == shared, role
+            assert set(entry["gpus"]) <= gpus, role
+    for role in ("monitor", "persistenced"):
+        assert set(m["processes"][role][0]["devices"]) == every and m["processes"][role][0]["maps"] == [], role
+    unpinned = m["processes"]["unpinned_worker"][0]
+    assert len(unpinned["gpus"]) == 1 and len(unpinned["maps"]) == m["gpu_count"] + 2
+    assert len(m["processes"]["init_only"][0]["maps"]) == 2  # its GPU's file and nvidiactl
+    forked = m["processes"]["forked_child"][0]
+    assert forked["listed_pid"] == forked["parent_pid"] != forked["pid"]
     assert m["processes"]["api_server"][0]["devices"] == []
     assert m["processes"]["bystander"][0]["devices"] == []
-    assert m["processes"]["persistenced"][0]["devices"] == [dev_dir + "/nvidiactl"]
 
 
-def test_device_files_are_null_character_devices_when_root(crashed_node):
+def test_device_files_are_zero_character_devices_when_root(crashed_node):
+    """1:5 (/dev/zero), which can be mapped privately under the node's own path, as the real
+    device files are; 1:3 (/dev/null) cannot be mapped at all."""
     if os.geteuid() != 0:
         pytest.skip("char devices need root")
     m = crashed_node
@@ -139,11 +156,12 @@ def test_device_files_are_null_character_devices_when_root(crashed_node):
     for path in m["device_files"]:
         info = os.stat(path)
         assert stat.S_ISCHR(info.st_mode)
-        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == (1, 3)
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == (1, 5)
 
 
-def test_orphan_is_reparented_and_its_parent_is_dead(crashed_node):
-    orphan = crashed_node["processes"]["orphan_worker"][0]
+@pytest.mark.parametrize("role", ["orphan_worker", "forked_child"])
+def test_orphan_is_reparented_and_its_parent_is_dead(crashed_node, role):
+    orphan = crashed_node["processes"][role][0]
     parent = next(r for r in recorded(Path(crashed_node["root"])) if r["pid"] == orphan["parent_pid"])
     assert not procinfo.same_process(parent["pid"], parent["create_time"])
     assert procinfo.ppid(orphan["pid"]) == crashed_node["init"]["pid"] != orphan["parent_pid"]
@@ -223,9 +241,9 @@ def test_fake_nvml_shows_the_registered_memory(crashed_node):
     reserved = [g["reserved_mib"] for g in FakeNvml(m["nvml"]["state_dir"]).gpus()]
     expected = [[] for _gpu in range(m["gpu_count"])]
     for role, entry in entries(m):
-        assert bool(entry["gpus"]) == (role in HOLDERS), role
+        assert bool(entry["gpus"]) == (role in HOLDERS), role  # the monitor and persistenced hold no memory
         for gpu in entry["gpus"]:
-            expected[gpu].append([entry["pid"], entry["mib"]])
+            expected[gpu].append([entry.get("listed_pid", entry["pid"]), entry["mib"]])
     view = nvml_view(m)
     assert [g["procs"] for g in view] == [sorted(e) for e in expected]
     assert [g["used"] for g in view] == [sum(mib for _p, mib in e) + r for e, r in zip(expected, reserved)]

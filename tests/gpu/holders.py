@@ -1,16 +1,22 @@
 """The processes a crashed inference server leaves on a real GPU, one per scenario.
 
-    python3 -m tests.gpu.holders ROLE --ready FILE [--mib N] [--tag TAG]
+    python3 -m tests.gpu.holders ROLE --ready FILE [--mib N] [--tag TAG] [--device N]
 
 Each role writes its pid(s) to FILE as JSON once it holds what it should, then sleeps until it
 is killed. Roles:
-  hold          a CUDA process holding --mib MiB (scenario 1)
-  fork-child    initialise CUDA, allocate, fork; the parent exits, the child keeps the memory
-                alive through the inherited device fds while NVML lists the dead parent (scenario 2)
+  hold          a CUDA process holding --mib MiB on visible GPU --device (scenarios 1, 7-11; the
+                scenario pins it with CUDA_VISIBLE_DEVICES or leaves every GPU visible)
+  fork-child    initialise CUDA, allocate on --device, fork; the parent exits, the child keeps the
+                memory alive through the inherited mappings while NVML lists the dead parent
+                (scenarios 2 and 9)
   ignore-term   a worker that ignores SIGTERM while holding memory (scenario 3)
   spawn-tree    a parent that holds nothing and multiprocessing "spawn" workers that do; the
                 command line carries --tag so the role's cmdline_patterns can name it (scenario 4)
   nvml-monitor  calls nvmlInit and only reads, named nvidia-persistenced: must survive (scenario 5)
+  gpu-monitor   an NVML monitor that is not protected by name (pynvml reading memory in a loop): it
+                opens every device file and maps none, so it must survive as a GPU client (scenario 10)
+  cuda-init     initialises CUDA without creating a context (maps the GPU files, holds no memory):
+                a GPU client beside a real holder (scenario 11)
   shm-leftovers torch shared-memory tensors (file_system strategy) and multiprocessing shared
                 memory, then the process is SIGKILLed by the scenario, leaving torch_* and psm_*
                 segments in /dev/shm (scenario 6)
@@ -40,9 +46,11 @@ def report(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-def allocate(mib: int):
+def allocate(mib: int, device: int = 0):
+    """mib MiB on the visible GPU `device` (with every GPU visible, the context is made there only)."""
     import torch  # pylint: disable=import-outside-toplevel
-    block = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda")
+    torch.cuda.set_device(device)
+    block = torch.empty(mib * 2**20, dtype=torch.uint8, device="cuda:%d" % device)
     block.fill_(1)
     torch.cuda.synchronize()
     return block
@@ -55,14 +63,14 @@ def sleep_forever():
 
 def hold(args):
     set_name("VLLM::Worker_TP0")
-    block = allocate(args.mib)  # noqa: F841  (kept alive until killed)
+    block = allocate(args.mib, args.device)  # noqa: F841  (kept alive until killed)
     report(args.ready, {"pids": [os.getpid()]})
     sleep_forever()
 
 
 def fork_child(args):
     set_name("VLLM::EngineCor")
-    block = allocate(args.mib)  # noqa: F841
+    block = allocate(args.mib, args.device)  # noqa: F841
     child = os.fork()
     if child == 0:
         # The child touches no CUDA state (undefined after fork); it only keeps the inherited fds.
@@ -107,6 +115,26 @@ def nvml_monitor(args):
     sleep_forever()
 
 
+def gpu_monitor(args):
+    import pynvml  # pylint: disable=import-outside-toplevel
+    set_name("gpu-monitor")
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    report(args.ready, {"pids": [os.getpid()]})
+    while True:
+        for handle in handles:
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+        time.sleep(0.5)
+
+
+def cuda_init(args):
+    import torch  # pylint: disable=import-outside-toplevel
+    set_name("cuda-probe")
+    torch.cuda.init()  # the driver is initialised; no context, no memory
+    report(args.ready, {"pids": [os.getpid()]})
+    sleep_forever()
+
+
 def shm_leftovers(args):
     import torch  # pylint: disable=import-outside-toplevel
     import torch.multiprocessing as tmp  # pylint: disable=import-outside-toplevel
@@ -123,7 +151,8 @@ def shm_leftovers(args):
 
 
 ROLES = {"hold": hold, "fork-child": fork_child, "ignore-term": ignore_term, "spawn-tree": spawn_tree,
-         "nvml-monitor": nvml_monitor, "shm-leftovers": shm_leftovers}
+         "nvml-monitor": nvml_monitor, "shm-leftovers": shm_leftovers, "gpu-monitor": gpu_monitor,
+         "cuda-init": cuda_init}
 
 
 def main(argv=None):
@@ -132,6 +161,7 @@ def main(argv=None):
     parser.add_argument("--ready", required=True)
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--tag", default="", help="a marker for cmdline_patterns")
+    parser.add_argument("--device", type=int, default=0, help="the visible GPU that holds the context (hold, fork-child)")
     args = parser.parse_args(argv)
     ROLES[args.role](args)
 

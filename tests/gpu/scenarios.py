@@ -2,11 +2,16 @@
 localhost and checked the way an operator would check: NVML v2 memory back to idle, the
 protected daemon alive, nvml_verify passing, the report written, a second run unchanged.
 
-    python3 -m tests.gpu.scenarios --out DIR
+    python3 -m tests.gpu.scenarios --out DIR [--only NAME ...]
 
 Run by tests/gpu/run.sh (which sets up ansible from carried wheels). Before each reset a
 check-mode gpu_reset lists its targets; if any target is not a process this script started,
 the scenario stops without signalling anything (a real GPU machine may run things of others).
+
+Scenarios 7 to 11 need two GPUs (they report SKIP on one) and run gpu_reset itself, as Ansible
+runs it, with `gpus`: pinned holders on GPU 0 and GPU 1, an unpinned process with its context on
+GPU 0, a forked child of a dead parent, an NVML monitor and a CUDA-init-only process that must
+survive. Each step signals only when its check-mode targets are exactly the pids it expects.
 Nothing here resets a GPU or changes a GPU setting.
 """
 from __future__ import annotations
@@ -56,12 +61,19 @@ class Started:
         self.procs = []
         self.pids = set()
 
-    def start(self, role: str, workdir: Path, mib: int = 1024, timeout: float = 300) -> dict:
+    def start(self, role: str, workdir: Path, mib: int = 1024, timeout: float = 300, visible: str | None = None,
+              device: int = 0) -> dict:
+        """Start a holder role; visible: CUDA_VISIBLE_DEVICES for it ("" or None: every GPU visible)."""
         ready = workdir / ("%s-%d-%d.json" % (role, os.getpid(), len(self.procs)))
         if ready.exists():
             ready.unlink()
-        argv = [PY, "-m", "tests.gpu.holders", role, "--ready", str(ready), "--mib", str(mib), "--tag", TAG]
-        proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True)
+        argv = [PY, "-m", "tests.gpu.holders", role, "--ready", str(ready), "--mib", str(mib), "--tag", TAG,
+                "--device", str(device)]
+        env = dict(os.environ)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         self.procs.append(proc)
         deadline = time.monotonic() + timeout
         while not ready.exists():
@@ -328,6 +340,139 @@ SCENARIOS = [("1-cuda-20gib", s1_big_holder), ("2-fork-dead-parent", s2_fork_chi
              ("5-protected-monitor", s5_monitor), ("6-shm-leftovers", s6_shm)]
 
 
+# --- two GPUs: gpu_reset itself (run as Ansible runs it) with `gpus`, one step at a time ------
+#
+# Each step first runs gpu_reset in check mode with the step's options; unless its targets are
+# exactly the pids the step expects (all started here), the scenario stops there and nothing is
+# signalled. Then the real run, and the step's checks.
+
+def guard(targets: list, expected, owns) -> str | None:
+    """Why a step must not signal anything (None: go ahead): its check-mode targets must be
+    processes this script started, and exactly the ones it expects."""
+    pids = set(t["pid"] for t in targets)
+    foreign = sorted(pid for pid in pids if not owns(pid))
+    if foreign:
+        return "check mode found targets this script did not start: %s" % foreign
+    if pids != set(expected):
+        return "check mode found targets %s where %s were expected" % (sorted(pids), sorted(set(expected)))
+    return None
+
+
+def step(params: dict, expect, checks) -> dict:
+    """One gpu_reset run: its options, the pids it must target and {name: check(result)}."""
+    return {"params": params, "expect": expect, "checks": checks}
+
+
+def two_gpu_scenario(name: str, workdir: Path, setup) -> dict:
+    """Run the steps setup(started, workdir) returns; the result says what passed, or why not."""
+    sys.path.insert(0, str(REPO))
+    from tests.run_module import run_module  # pylint: disable=import-outside-toplevel
+    result = {"scenario": name, "steps": []}
+    gpus = len(nvml_read())
+    if gpus < 2:
+        result.update(skipped="needs 2 GPUs, this machine has %d" % gpus, passed=True, checks={})
+        return result
+    started = Started()
+    try:
+        steps = setup(started, workdir)
+        result["checks"] = {}
+        for number, item in enumerate(steps, 1):
+            started.reap()
+            preview = run_module("gpu_reset", item["params"], check=True)
+            if preview.get("failed"):
+                stop = preview.get("msg")
+            else:
+                stop = guard(preview.get("targets", []), item["expect"], started.owns)
+            record = {"params": item["params"], "preflight_targets": preview.get("targets"),
+                      "clients": preview.get("clients")}
+            result["steps"].append(record)
+            if stop:
+                result["error"] = "step %d: %s; nothing was signalled" % (number, stop)
+                return result
+            record["result"] = run_module("gpu_reset", item["params"])
+            started.reap()
+            record["after"] = nvml_read()
+            for label, check in item["checks"].items():
+                result["checks"]["step %d: %s" % (number, label)] = bool(check(record["result"], record["after"]))
+        result["passed"] = all(result["checks"].values())
+        return result
+    except Exception as exc:  # pylint: disable=broad-except
+        result["error"] = repr(exc)
+        return result
+    finally:
+        started.kill_all()
+
+
+def idle(after: list, gpu: int) -> bool:
+    return after[gpu]["v2_used_mib"] < IDLE_MIB
+
+
+def s7_pinned_select(started, workdir):
+    """Two servers pinned to GPU 0 and GPU 1; `gpus: ["1"]` stops only GPU 1's."""
+    gpu0 = started.start("hold", workdir, mib=2048, visible="0")["pids"][0]
+    gpu1 = started.start("hold", workdir, mib=2048, visible="1")["pids"][0]
+    return [step({"gpus": ["1"]}, [gpu1], {
+        "GPU 1's holder gone, GPU 0's alive": lambda r, a: r.get("rc") == 0 and not alive(gpu1) and alive(gpu0),
+        "GPU 1 idle, GPU 0 still used": lambda r, a: idle(a, 1) and not idle(a, 0),
+        "target on GPU 1 only": lambda r, a: [t["gpus"] for t in r.get("targets", [])] == [[1]]})]
+
+
+def s8_unpinned_context(started, workdir):
+    """Every GPU visible, a context on GPU 0 only (it maps nvidia0 and nvidia1), and a holder
+    pinned to GPU 1: resetting GPU 1 spares the unpinned one; resetting GPU 0 stops it."""
+    unpinned = started.start("hold", workdir, mib=2048, device=0)["pids"][0]
+    pinned = started.start("hold", workdir, mib=2048, visible="1")["pids"][0]
+    return [step({"gpus": ["1"]}, [pinned], {
+        "pinned GPU 1 holder gone, unpinned alive": lambda r, a: not alive(pinned) and alive(unpinned),
+        "GPU 1 idle": lambda r, a: idle(a, 1)}),
+        step({"gpus": ["0"]}, [unpinned], {
+            "unpinned holder gone": lambda r, a: r.get("rc") == 0 and not alive(unpinned),
+            "its target was on GPU 0 only": lambda r, a: [t["gpus"] for t in r.get("targets", [])] == [[0]],
+            "both GPUs idle": lambda r, a: idle(a, 0) and idle(a, 1)})]
+
+
+def s9_forked_child_select(started, workdir):
+    """The parent (every GPU visible, context on GPU 1) forks and dies; its child keeps the
+    context, NVML lists the dead parent on GPU 1. Resetting GPU 1 stops the child and spares
+    GPU 0's server."""
+    info = started.start("fork-child", workdir, mib=2048, device=1)
+    dead, child = info["dead_parent"], info["pids"][0]
+    started.pids.add(dead)
+    deadline = time.monotonic() + 10
+    while alive(dead) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gpu0 = started.start("hold", workdir, mib=2048, visible="0")["pids"][0]
+    return [step({"gpus": ["1"]}, [child], {
+        "forked child gone, GPU 0's holder alive": lambda r, a: r.get("rc") == 0 and not alive(child) and alive(gpu0),
+        "GPU 1 idle": lambda r, a: idle(a, 1)})]
+
+
+def s10_monitor_client(started, workdir):
+    """An NVML monitor that no protected name covers opens every device file: it holds no GPU
+    memory, so a reset of every GPU leaves it running and reports it as a client."""
+    monitor = started.start("gpu-monitor", workdir)["pids"][0]
+    holder = started.start("hold", workdir, mib=2048, visible="0")["pids"][0]
+    return [step({}, [holder], {
+        "holder gone, monitor alive": lambda r, a: r.get("rc") == 0 and not alive(holder) and alive(monitor),
+        "monitor reported as a client": lambda r, a: monitor in [c["pid"] for c in r.get("clients", [])],
+        "every GPU idle": lambda r, a: all(idle(a, g) for g in range(len(a)))})]
+
+
+def s11_cuda_init_client(started, workdir):
+    """CUDA initialised without a context maps the GPU files but holds no memory: with NVML
+    accounting for all the memory, it is a client and survives the reset of the real holder."""
+    probe = started.start("cuda-init", workdir)["pids"][0]
+    holder = started.start("hold", workdir, mib=2048, visible="1")["pids"][0]
+    return [step({}, [holder], {
+        "holder gone, CUDA-init process alive": lambda r, a: r.get("rc") == 0 and not alive(holder) and alive(probe),
+        "it is reported as a client": lambda r, a: probe in [c["pid"] for c in r.get("clients", [])]})]
+
+
+TWO_GPU_SCENARIOS = [("7-pinned-gpu-select", s7_pinned_select), ("8-unpinned-context", s8_unpinned_context),
+                     ("9-forked-child-select", s9_forked_child_select), ("10-monitor-client", s10_monitor_client),
+                     ("11-cuda-init-client", s11_cuda_init_client)]
+
+
 def release_latency(workdir: Path, mib: int = 20480) -> float:
     """Seconds from SIGKILL of a holder of `mib` MiB until NVML v2 used is idle again."""
     started = Started()
@@ -409,13 +554,18 @@ def main(argv=None):
     reset_vars = {"node_reset_gpu_reset_cmdline_patterns": [re.escape(TAG)],
                   "node_reset_gpu_reset_protect_names": PROTECT}
     summary = {"idle": nvml_read(), "scenarios": []}
-    for name, setup in SCENARIOS:
+    runners = [(name, lambda setup=setup, name=name: scenario(name, workdir, setup, out, reset_vars))
+               for name, setup in SCENARIOS]
+    runners += [(name, lambda setup=setup, name=name: two_gpu_scenario(name, workdir, setup))
+                for name, setup in TWO_GPU_SCENARIOS]
+    for name, runner in runners:
         if args.only and name not in args.only:
             continue
-        result = scenario(name, workdir, setup, out, reset_vars)
+        result = runner()
         summary["scenarios"].append(result)
-        status = "PASS" if result.get("passed") else "FAIL"
-        print("%-22s %s %s" % (name, status, json.dumps(result.get("checks") or result.get("error"))), flush=True)
+        status = "SKIP" if result.get("skipped") else "PASS" if result.get("passed") else "FAIL"
+        shown = result.get("error") or result.get("checks") or result.get("skipped")
+        print("%-22s %s %s" % (name, status, json.dumps(shown)), flush=True)
     if args.only:
         (out / "scenarios.json").write_text(json.dumps(summary, indent=2) + "\n")
         return 0 if all(r.get("passed") for r in summary["scenarios"]) else 1

@@ -96,9 +96,11 @@ def _pids(manifest, *roles):
 
 
 def _targets(manifest):
-    # The bystander, nvidia-persistenced and a process that only maps a shm segment hold no GPU.
-    spared = {"bystander", "persistenced", "shm_mapper"}
-    return [entry["pid"] for role, entries in manifest["processes"].items() if role not in spared for entry in entries]
+    # The processes that hold GPU memory (`gpus` in the manifest) and the API server the role's
+    # pattern names; the bystander, the GPU clients (nvidia-persistenced, the monitor, a CUDA
+    # init without a context) and a process that only maps a shm segment are spared.
+    return [entry["pid"] for role, entries in manifest["processes"].items() for entry in entries
+            if entry["gpus"] or role == "api_server"]
 
 
 def test_reset_cleans_every_host_spares_bystanders_and_a_second_run_changes_nothing(fleet, crashed_fleet, tmp_path):

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import sim
 from tests.sim import procinfo
+from tests.sim.role_vars import node_reset_vars
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "node_reset"
@@ -27,8 +29,9 @@ def test_every_variable_is_declared_with_a_type_and_the_same_default():
     for name, spec in options.items():
         assert name.startswith("node_reset_"), name
         assert spec.get("description"), name
-        assert spec["default"] == DEFAULTS[name], name
-        assert isinstance(DEFAULTS[name], PYTHON_TYPES[spec["type"]]), name
+        # No default in the spec: "not given" (null), which the role tells from an empty value.
+        assert spec.get("default") == DEFAULTS[name], name
+        assert DEFAULTS[name] is None or isinstance(DEFAULTS[name], PYTHON_TYPES[spec["type"]]), name
         if "choices" in spec:
             values = DEFAULTS[name] if spec["type"] == "list" else [DEFAULTS[name]]
             assert set(values) <= set(spec["choices"]), name
@@ -55,45 +58,152 @@ def test_module_defaults_are_the_roles_defaults():
         assert documentation["options"][option]["default"] == DEFAULTS[variable], (module, option)
 
 
-@pytest.fixture
-def node_vars(crashed_node, tmp_path):
-    manifest = crashed_node
-    values = {
-        "node_reset_environment": manifest["nvml"]["env"],
-        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
-        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
-        "node_reset_shm_clean_path": manifest["shm_dir"],
-    }
-    return manifest, values
+@pytest.fixture(scope="module")
+def module_node(tmp_path_factory, fake_nvml_lib):
+    """One crashed node for the refusal tests: none of them may change it."""
+    root = tmp_path_factory.mktemp("refusals") / "node"
+    manifest = sim.crash(root, lib_dir=fake_nvml_lib)
+    try:
+        yield manifest
+    finally:
+        sim.clean(root)
 
 
 def _alive(entry) -> bool:
     return procinfo.alive(entry["pid"])
 
 
+def _reset(manifest, tmp_path, values=None, cli=None, playbook="reset"):
+    """ansible-playbook on the simulated node: role variables from a JSON file, then `cli` as
+    `-e name=value` (strings, as an operator types them). Returns (process, the report's row)."""
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"),
+                                                node_reset_nvml_verify_timeout=10, **(values or {}))))
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{playbook}.yml",
+            "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}"]
+    for name, value in (cli or {}).items():
+        argv += ["-e", f"{name}={value}"]
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
+    reports = sorted((tmp_path / "reports").glob(f"{playbook}-*.json"))
+    row = json.loads(reports[-1].read_text())["hosts"][0] if reports else None
+    return proc, row
+
+
+def _untouched(manifest):
+    for entries in manifest["processes"].values():
+        assert all(_alive(entry) for entry in entries)
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+
+
 @pytest.mark.parametrize("bad, message", [
+    # Types and choices: the argument spec, before the role's first task.
     ({"node_reset_gpu_reset_grace_period": "soon"}, "node_reset_gpu_reset_grace_period"),
     ({"node_reset_gpu_reset_device_paths": {"not": "a list"}}, "node_reset_gpu_reset_device_paths"),
     ({"node_reset_pycache_purge_mode": "everything"}, "node_reset_pycache_purge_mode"),
     ({"node_reset_nvml_verify_checks": ["memory", "temperature"]}, "node_reset_nvml_verify_checks"),
-    ({"node_reset_gpu_reset_grace_period": -1}, "out of range"),
-    ({"node_reset_nvml_verify_poll_interval": 0}, "out of range"),
-    ({"node_reset_pve_vmid": 7, "node_reset_pve_host": "pve"}, "out of range"),
-    ({"node_reset_pve_host": "no-such-node", "node_reset_pve_vmid": 129}, "not a host of the inventory"),
+    # Ranges: the role's first task.
+    ({"node_reset_gpu_reset_grace_period": -1},
+     "node_reset_gpu_reset_grace_period is -1: it must be a number of seconds from 0 to 3600."),
+    ({"node_reset_nvml_verify_poll_interval": 0},
+     "node_reset_nvml_verify_poll_interval is 0: it must be a number of seconds above 0, at most 60."),
+    ({"node_reset_pve_vmid": 7, "node_reset_pve_host": "pve"},
+     "node_reset_pve_vmid is 7: it must be 0 (no container) or a vmid from 100 to 999999999."),
+    ({"node_reset_pve_host": "no-such-node", "node_reset_pve_vmid": 129},
+     'node_reset_pve_host "no-such-node" is not a host of the inventory.'),
+    ({"node_reset_pve_host": "simulated-node"},
+     'node_reset_pve_host ("simulated-node") and node_reset_pve_vmid (0) must be given together.'),
 ])
-def test_a_bad_variable_is_rejected_before_anything_runs(node_vars, tmp_path, bad, message):
-    manifest, values = node_vars
-    values.update(bad)
-    extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(values))
-    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml",
-                           "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}",
-                           "-e", f"fleet_report_path={tmp_path / 'reports'}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
+def test_a_bad_variable_is_rejected_before_anything_runs(module_node, tmp_path, bad, message):
+    proc, _row = _reset(module_node, tmp_path, values=bad)
     assert proc.returncode == 2, proc.stdout[-3000:]
-    assert message in proc.stdout
+    assert message in proc.stdout, proc.stdout[-3000:]
     assert "Stop every process that holds a GPU" not in proc.stdout
-    for entries in manifest["processes"].values():
-        assert all(_alive(entry) for entry in entries)
-    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    _untouched(module_node)
+
+
+@pytest.mark.parametrize("name, value, rule", [
+    ("node_reset_gpu_reset_grace_period", "nan", "a number of seconds from 0 to 3600"),
+    ("node_reset_gpu_reset_kill_timeout", "inf", "a number of seconds above 0, at most 3600"),
+    ("node_reset_shm_clean_min_age", "-inf", "a number of seconds from 0 to 31536000 (a year)"),
+    ("node_reset_nvml_verify_timeout", "1e300", "a number of seconds from 0 to 86400"),
+    ("node_reset_nvml_verify_max_memory_used_mib", "99999999999999999999", "a number of MiB from 0 to 1048576"),
+    ("node_reset_nvml_verify_expected_count", "100000", "a GPU count from 0 (no check) to 1024"),
+    ("node_reset_pve_connect_timeout", "0", "a number of seconds from 1 to 3600"),
+])
+def test_a_number_typed_on_the_command_line_that_is_not_finite_or_too_large_is_refused_with_its_rule(
+        module_node, tmp_path, name, value, rule):
+    """`-e name=value` gives a string: it is converted before it is compared, NaN and the
+    infinities fail every range, and the sentence names the variable, its value and its rule
+    (not the rules of the nine others). The report says `invalid`."""
+    proc, row = _reset(module_node, tmp_path, cli={name: value})
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    sentence = f'{name} is "{value}": it must be {rule}.'
+    assert sentence in proc.stdout, proc.stdout[-3000:]
+    assert "not supported between" not in proc.stdout
+    assert "poll_interval" not in sentence and "Stop every process that holds a GPU" not in proc.stdout
+    assert row["status"] == "invalid" and row["problems"] == [sentence], row
+    _untouched(module_node)
+
+
+def test_two_bad_numbers_give_one_line_each(module_node, tmp_path):
+    proc, row = _reset(module_node, tmp_path, cli={"node_reset_gpu_reset_grace_period": "nan",
+                                                   "node_reset_nvml_verify_poll_interval": "-1"})
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["problems"] == [
+        'node_reset_gpu_reset_grace_period is "nan": it must be a number of seconds from 0 to 3600.',
+        'node_reset_nvml_verify_poll_interval is "-1": it must be a number of seconds above 0, at most 60.'], row
+    _untouched(module_node)
+
+
+@pytest.mark.parametrize("bad, sentence", [
+    ({"node_reset_nvml_verify_checks": []},
+     "node_reset_nvml_verify_checks is empty: give at least one of memory, processes, count, ecc, remapped_rows,"
+     " retired_pages (with none, any GPU would pass)."),
+    # A superscript two is a digit to str.isdigit(), not an index; to_json shows it escaped.
+    ({"node_reset_gpu_reset_gpus": ["0", "\u00b2", "-1"]},
+     'node_reset_gpu_reset_gpus has "\\u00b2", "-1": a GPU is an index'),
+    ({"node_reset_gpu_reset_gpus": ["0\n"]}, 'node_reset_gpu_reset_gpus has "0\\n": a GPU is an index'),
+    ({"node_reset_nvml_verify_gpus": ["1.5", "GPU-zz", True]},
+     'node_reset_nvml_verify_gpus has "1.5", "GPU-zz", "True": a GPU is an index'),
+    ({"node_reset_gpu_reset_cgroup": ""},
+     'node_reset_gpu_reset_cgroup is "": an empty cgroup text would match every process; leave it unset (null)'
+     " for no cgroup limit."),
+    ({"node_reset_gpu_reset_users": []},
+     "node_reset_gpu_reset_users is []: an empty list or name would match no process; leave it unset (null)"
+     " for any user."),
+    ({"node_reset_gpu_reset_users": ["root", ""]}, 'node_reset_gpu_reset_users is ["root", ""]: an empty list'),
+])
+def test_checks_selectors_and_empty_scopes_are_checked_with_the_other_inputs(module_node, tmp_path, bad, sentence):
+    """An empty check list would pass any GPU, a selector that is neither an index nor a UUID
+    would select nothing or the wrong card, an empty cgroup matches every process and an empty
+    user list none: all refused before any step, with the other inputs."""
+    proc, row = _reset(module_node, tmp_path, values=bad)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "invalid", row
+    assert any(problem.startswith(sentence) for problem in row["problems"]), row["problems"]
+    assert "Stop every process that holds a GPU" not in proc.stdout
+    _untouched(module_node)
+
+
+def test_the_same_checks_guard_the_verify_playbook(module_node, tmp_path):
+    proc, row = _reset(module_node, tmp_path, values={"node_reset_gpu_reset_cgroup": ""}, playbook="verify")
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "invalid", row
+    assert "List the processes a reset would stop" not in proc.stdout
+
+
+def test_numbers_and_lists_typed_on_the_command_line_work(crashed_node, tmp_path):
+    """Every numeric variable given as `-e name=value` (a string), and a GPU list as `0,1,2,3`:
+    the checks pass and the reset cleans the node."""
+    manifest = crashed_node
+    proc, row = _reset(manifest, tmp_path, cli={
+        "node_reset_gpu_reset_grace_period": "3", "node_reset_gpu_reset_kill_timeout": "10",
+        "node_reset_shm_clean_min_age": "0", "node_reset_nvml_verify_expected_count": str(manifest["gpu_count"]),
+        "node_reset_nvml_verify_max_memory_used_mib": "16", "node_reset_nvml_verify_timeout": "20",
+        "node_reset_nvml_verify_poll_interval": "0.1", "node_reset_pve_vmid": "0",
+        "node_reset_pve_connect_timeout": "10", "node_reset_nvml_verify_gpus": "0,1,2,3",
+        "node_reset_install_deps": "false"})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert row["status"] == "ok" and row["killed"] > 0, row

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fake_nvml import FakeNvml
 from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars
 
@@ -84,7 +86,7 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         report = sorted((tmp_path / "reports").glob(f"{name}-*.json"))[-1]
         rows = {row["host"]: row for row in json.loads(report.read_text())["hosts"]}
         assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
-        assert rows["broken-node"]["status"] == "failed", rows["broken-node"]
+        assert rows["broken-node"]["status"] == "failed at gpu_reset", rows["broken-node"]
         assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
     assert rows["dead-ct"]["status"] == "swept-unreachable", rows["dead-ct"]
 
@@ -125,8 +127,7 @@ def test_a_container_that_still_shows_memory_after_its_own_reset_is_swept_from_i
     top = base / ("cleanslate-sweep-%d" % os.getpid())
     container = top / "lxc" / "129" / "ns"
     container.mkdir(parents=True)
-    holders = [entry["pid"] for role in ("worker", "orphan_worker", "term_ignorer")
-               for entry in crashed_node["processes"][role]]
+    holders = [entry["pid"] for entries in crashed_node["processes"].values() for entry in entries if entry["gpus"]]
     try:
         for pid in holders:
             (container / "cgroup.procs").write_text(str(pid))
@@ -157,3 +158,179 @@ def test_a_container_that_still_shows_memory_after_its_own_reset_is_swept_from_i
                 (base / "cgroup.procs").write_text(pid)  # back to the root before rmdir
             if group.exists():
                 group.rmdir()
+
+
+# ----- issue 11, item 13: the report is always written, and says what happened -----
+
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+# Answers, but every module fails: its interpreter does not exist.
+BROKEN = {"ansible_connection": "local", "ansible_python_interpreter": "/nonexistent/python3"}
+# Nothing listens on the discard port: ssh is refused at once.
+DEAD = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9}
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+
+
+def _run(name: str, hosts: dict, role_vars: dict, tmp_path: Path, *args) -> tuple:
+    """ansible-playbook NAME on an inventory of `hosts` in gpu_nodes; returns (process, rows by host)."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": hosts}}}}))
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(dict(role_vars, fleet_report_path=str(tmp_path / "reports"))))
+    before = set((tmp_path / "reports").glob(f"{name}-*.json"))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, f"playbooks/{name}.yml", "-i", str(inventory), "-l", "gpu_nodes",
+                           "-e", f"@{extra}", *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)
+    reports = sorted(set((tmp_path / "reports").glob(f"{name}-*.json")) - before)
+    assert len(reports) == 1, "no report: " + proc.stdout[-3000:]
+    return proc, {row["host"]: row for row in json.loads(reports[0].read_text())["hosts"]}
+
+
+@pytest.mark.parametrize("playbook", ["reset", "verify"])
+@pytest.mark.parametrize("host, status, returncode", [
+    (BROKEN, "failed at gpu_reset", 2),
+    (DEAD, "unreachable", 4),
+])
+def test_the_report_is_written_when_every_host_fails_and_the_run_still_fails(
+        tmp_path, playbook, host, status, returncode):
+    """With every host failed (a step error) or unreachable, Ansible used to end the run before
+    the report play. The report lists the host, and the exit status still says what happened."""
+    proc, rows = _run(playbook, {"only-node": host}, {}, tmp_path)
+    assert proc.returncode == returncode, proc.stdout[-3000:]
+    assert rows["only-node"]["status"] == status and not rows["only-node"]["ok"], rows
+    assert rows["only-node"]["problems"], rows
+    assert "| only-node | %s |" % status in proc.stdout
+
+
+def test_a_stopped_rollout_reports_the_hosts_it_did_not_reach(tmp_path):
+    """fleet_serial 1 and fleet_max_fail_percentage 0: the first host fails, the rollout stops
+    there, and the report (still written) lists the second host as not run, with why."""
+    proc, rows = _run("reset", {"first": BROKEN, "second": BROKEN}, {}, tmp_path,
+                      "-e", "fleet_serial=1", "-e", "fleet_max_fail_percentage=0")
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert rows["first"]["status"] == "failed at gpu_reset", rows
+    assert rows["second"]["status"] == "not run", rows
+    assert "fleet_max_fail_percentage" in rows["second"]["problems"][0], rows
+    assert "TASK [cleanslate.gpu.node_reset" not in proc.stdout.split("[second]")[0].split("PLAY [Fleet report]")[-1]
+
+
+def test_gpus_that_stay_dirty_are_reported_dirty_with_the_reset_it_did(crashed_node, tmp_path):
+    """Memory that stays used with no process after the reset: the host is `dirty` (not
+    `failed`), keeps what was stopped and freed, and the run fails after the report."""
+    manifest = crashed_node
+    FakeNvml(manifest["nvml"]["state_dir"]).inject("stuck_memory", gpu=1, mib=500)
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_nvml_verify_timeout=1), tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "dirty" and not row["ok"] and row["changed"], row
+    assert row["killed"] >= len(manifest["processes"]["worker"]) and row["shm_bytes_freed"] > 0, row
+    assert any("500 MiB" in problem for problem in row["problems"]), row["problems"]
+    assert "simulated-node is dirty" in proc.stdout
+
+
+def test_a_step_that_fails_after_processes_were_stopped_is_reported_changed(crashed_node, tmp_path):
+    """gpu_reset stops the holders, then shm_clean refuses its path (a symlink): the row says
+    which step failed and why, `changed` is true and the stopped processes are counted."""
+    manifest = crashed_node
+    link = tmp_path / "shm-link"
+    link.symlink_to(manifest["shm_dir"])
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_shm_clean_path=str(link)), tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "failed at shm_clean" and row["failed_step"] == "shm_clean", row
+    assert row["changed"] and not row["ok"], row
+    assert row["killed"] >= len(manifest["processes"]["worker"]), row
+    assert any(str(link) in problem for problem in row["problems"]), row["problems"]
+    assert all(not _alive(entry["pid"]) for entry in manifest["processes"]["worker"])
+
+
+LOSE_GPU_0 = """
+import os, signal, sys, time
+from tests.fixtures.fake_nvml import FakeNvml
+def fall_off_the_bus(signum, frame):
+    FakeNvml(sys.argv[1]).inject(sys.argv[3], gpu=0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, fall_off_the_bus)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.mark.parametrize("fault", ["gpu_lost", "gpu_removed"])
+def test_a_gpu_lost_during_the_reset_is_reported_lost_with_nvmls_sentence(crashed_node, tmp_path, fault):
+    """GPU 0 falls off the bus while the reset runs (here: when a process the reset stops gets
+    its SIGTERM), either still counted by NVML but unreadable (gpu_lost) or gone from the
+    enumeration with the others renumbered (gpu_removed). The report says once that GPU 0 is lost,
+    and counts the MiB freed on the GPUs it could still read, instead of failing on a template
+    error."""
+    manifest = crashed_node
+    marker = "cleanslate-test-lose-gpu-0-%d" % os.getpid()
+    loser = subprocess.Popen([sys.executable, "-c", LOSE_GPU_0, manifest["nvml"]["state_dir"], marker, fault],
+                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert loser.stdout.readline() == "ready\n"
+        proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+            manifest, node_reset_nvml_verify_timeout=1,
+            node_reset_gpu_reset_cmdline_patterns=[manifest["api_server_pattern"], re.escape(marker)]), tmp_path)
+        assert loser.wait(timeout=60) == 0  # it was signalled, and GPU 0 is gone
+    finally:
+        if loser.poll() is None:
+            loser.kill()  # our own unreaped child: its pid cannot have been reused
+            loser.wait()
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "unsupported operand" not in proc.stdout
+    row = rows["simulated-node"]
+    lost_uuid = FakeNvml(manifest["nvml"]["state_dir"]).gpus()[0]["uuid"]
+    assert row["status"] == "dirty" and not row["ok"], row
+    assert [gpu["index"] for gpu in row["gpus_lost"]] == [0], row
+    assert all(gpu["uuid"] in (lost_uuid, None) for gpu in row["gpus_lost"]), row
+    about_gpu0 = [problem for problem in row["problems"] if problem.startswith("GPU 0 ")]
+    assert len(about_gpu0) == 1 and "lost" in about_gpu0[0], row["problems"]
+    if fault == "gpu_lost":
+        # nvml_verify selected it and says so in NVML's words.
+        assert "NVML: GPU is lost" in about_gpu0[0], row["problems"]
+    else:
+        # NVML no longer lists it: the report names it from the reading before the reset.
+        assert lost_uuid in about_gpu0[0], row["problems"]
+    # MiB freed only where a GPU was read after the reset, each against its own reading.
+    assert sorted(row["mib_freed_per_gpu"]) == ["1", "2", "3"], row
+    assert row["mib_freed"] == sum(row["mib_freed_per_gpu"].values()) > 0, row
+
+
+def test_verify_does_not_call_a_host_clean_when_a_reset_would_remove_bytecode(crashed_node, tmp_path):
+    """After a reset that did not purge bytecode, verify (which does look at it) finds the stale
+    .pyc: the host is dirty, its row counts the file, and the run fails."""
+    manifest = crashed_node
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_pycache_purge_paths=[]), tmp_path)
+    assert proc.returncode == 0 and rows["simulated-node"]["status"] == "ok", proc.stdout[-3000:]
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+
+    proc, rows = _run("verify", {"simulated-node": LOCAL}, node_reset_vars(manifest), tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "dirty" and row["bytecode_removed"] == 1 and row["killed"] == 0, row
+    assert row["problems"] == ["a reset would remove 1 bytecode file(s)"], row
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+
+
+@pytest.mark.parametrize("host, returncode, message", [
+    (BROKEN, 2, "failed at gpu_reset: "),
+    (DEAD, 4, "UNREACHABLE!"),
+])
+def test_the_role_on_its_own_still_fails_the_host(tmp_path, host, returncode, message):
+    """Outside the playbooks, node_reset_fail_host keeps its default (true): a failed step fails
+    the host (after node_reset_result is set) and an unreachable host is unreachable."""
+    playbook = tmp_path / "own.yml"
+    playbook.write_text(json.dumps([{
+        "name": "My own play", "hosts": "gpu_nodes", "gather_facts": False,
+        "roles": [{"role": "cleanslate.gpu.node_reset"}],
+        "post_tasks": [{"name": "Never reached", "ansible.builtin.debug": {"msg": "went on"}}]}]))
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"only-node": host}}}}}))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(inventory)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == returncode, proc.stdout[-3000:]
+    assert message in proc.stdout and "went on" not in proc.stdout, proc.stdout[-3000:]

@@ -12,7 +12,14 @@ ROOT/
   bin/ run/            the processes' program, plan, pid records, ready reports and logs
 
 The processes descend from one "sim-init" process (the manifest's `init`), a child
-subreaper that reaps them like a node's init would; orphans are re-parented to it.
+subreaper that reaps them like a node's init would; orphans are re-parented to it. Their
+device files look as the real driver's do (tests/sim/processes.py, `context`): every process
+that touches the driver opens every device file; holders with a CUDA context map their GPUs'
+files, nvidiactl and nvidia-uvm; a forked child of a dead parent and a process that only
+initialised CUDA map GPU files and nvidiactl; a monitor maps none. Manifest roles: api_server,
+worker (one per TP rank), orphan_worker, term_ignorer, unpinned_worker (every GPU visible,
+its context on one), forked_child (NVML lists its dead parent's pid, `listed_pid`), monitor,
+init_only, bystander, persistenced, shm_mapper.
 """
 from __future__ import annotations
 
@@ -108,7 +115,8 @@ def _build(root: Path, gpus: int, tp: int, kind: str, nvml, env: dict, python: s
 
     spec = processes.plan(root, gpus, tp, mapped, shm_dir)
     ready = processes.start(root, spec, python)
-    processes.wait_exited(root / "run", "engine_parent", ready)
+    for parent in ("engine_parent", "forking_parent"):
+        processes.wait_exited(root / "run", parent, ready)
     roles = processes.describe(spec, ready)
     orphan = roles["orphan_worker"][0]
     if orphan["ppid"] == orphan["parent_pid"]:
@@ -120,7 +128,7 @@ def _build(root: Path, gpus: int, tp: int, kind: str, nvml, env: dict, python: s
     for entries in roles.values():
         for entry in entries:
             for gpu in entry["gpus"]:
-                nvml.register(entry["pid"], gpu, entry["mib"])
+                nvml.register(entry["pid"], gpu, entry["mib"], reported_pid=entry.get("listed_pid"))
 
     worker0 = roles["worker"][0]
     manifest = {

@@ -1,5 +1,10 @@
-"""The node's NVIDIA device files: character devices that behave like /dev/null (1:3) when
-we may create them, plain files otherwise."""
+"""The node's NVIDIA device files: character devices that behave like /dev/zero (1:5) when
+we may create them, plain files otherwise.
+
+Either kind can be mapped, as a CUDA context maps the real ones: a MAP_PRIVATE mapping of a
+1:5 node (or of a plain file) shows up in /proc/PID/maps under the node's own path. (A 1:3
+node, /dev/null, cannot be mapped at all, and a MAP_SHARED mapping of 1:5 shows as
+"/dev/zero (deleted)".)"""
 from __future__ import annotations
 
 import os
@@ -11,7 +16,7 @@ from pathlib import Path
 from .procinfo import SimError
 
 KINDS = ("auto", "char", "file")
-NULL_DEVICE = os.makedev(1, 3)
+ZERO_DEVICE = os.makedev(1, 5)
 
 
 def names(gpu_count: int) -> list:
@@ -29,8 +34,8 @@ def can_make_char(near: Path) -> bool:
     but refuses the open."""
     probe = Path(tempfile.mkdtemp(prefix=".sim-mknod-", dir=near))
     try:
-        node = probe / "null"
-        os.mknod(node, 0o666 | stat.S_IFCHR, NULL_DEVICE)
+        node = probe / "zero"
+        os.mknod(node, 0o666 | stat.S_IFCHR, ZERO_DEVICE)
         os.close(os.open(node, os.O_RDWR))
         return True
     except PermissionError:
@@ -59,7 +64,7 @@ def create(dev_dir: Path, gpu_count: int, kind: str) -> list:
     for name in names(gpu_count):
         path = dev_dir / name
         if kind == "char":
-            os.mknod(path, 0o666 | stat.S_IFCHR, NULL_DEVICE)
+            os.mknod(path, 0o666 | stat.S_IFCHR, ZERO_DEVICE)
             os.chmod(path, 0o666)  # like the driver's nodes, whatever the umask
         else:
             path.touch(0o666)

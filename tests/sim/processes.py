@@ -11,7 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from . import procinfo
+from . import devices, procinfo
 from .procinfo import SimError
 
 PROGRAM = Path(__file__).with_name("program.py")
@@ -23,9 +23,23 @@ READY_TIMEOUT = 120.0  # generous: tests share two cores with other suites
 LAUNCHERS = {}  # root -> Popen of its init, kept so that clean() can reap it
 
 
-def gpu_holder(dev_dir: Path, gpu: int) -> list:
-    """What a CUDA process keeps open: its GPU, the control device and UVM."""
-    return [str(dev_dir / ("nvidia%d" % gpu)), str(dev_dir / "nvidiactl"), str(dev_dir / "nvidia-uvm")]
+UNPINNED_MIB = 8000
+FORKED_MIB = 1634  # what the measured forked child kept alive: its parent's context
+
+
+def opened(dev_dir: Path, gpus: int) -> list:
+    """What every process that touches the driver opens: every device file."""
+    return [str(dev_dir / name) for name in devices.names(gpus)]
+
+
+def context(dev_dir: Path, gpus: int, visible: list, uvm: bool = True) -> dict:
+    """A CUDA process's device files, as measured on the real driver (2 x H200, driver 580):
+    all open; mapped, the file of each GPU visible to it (its context may be on one of them
+    only) plus nvidiactl, and nvidia-uvm when it has a context of its own. CUDA initialised
+    without a context, and a child forked after its parent's CUDA initialisation, map the GPU
+    files and nvidiactl but not nvidia-uvm."""
+    maps = [str(dev_dir / ("nvidia%d" % gpu)) for gpu in visible] + [str(dev_dir / "nvidiactl")]
+    return {"devices": opened(dev_dir, gpus), "maps": maps + ([str(dev_dir / "nvidia-uvm")] if uvm else [])}
 
 
 def plan(root: Path, gpus: int, tp: int, mapped: str, shm_dir: Path) -> dict:
@@ -37,26 +51,46 @@ def plan(root: Path, gpus: int, tp: int, mapped: str, shm_dir: Path) -> dict:
     }
     for rank in range(tp):
         # vLLM's TP workers are titled VLLM::Worker_TP<rank>; the kernel keeps 15 chars.
-        spec["worker_%d" % rank] = {"role": "worker", "name": "VLLM::Worker_TP%d" % rank, "parent": "api_server",
-                                    "devices": gpu_holder(dev, rank), "gpus": [rank], "mib": WORKER_MIB}
+        spec["worker_%d" % rank] = dict(context(dev, gpus, [rank]), role="worker", name="VLLM::Worker_TP%d" % rank,
+                                        parent="api_server", gpus=[rank], mib=WORKER_MIB)
     # rank 0 also keeps a torch segment named after its own pid open (an in-use segment by fd)
     spec["worker_0"].update(open_shm_dir=str(shm_dir), token="%d" % secrets.randbits(31))
-    orphan_gpu, ignorer_gpu = tp % gpus, (tp + 1) % gpus
+    orphan_gpu, ignorer_gpu, unpinned_gpu, forked_gpu = tp % gpus, (tp + 1) % gpus, (tp + 2) % gpus, (tp + 3) % gpus
     spec.update({
         # The engine's parent exits at once, so the engine core is re-parented.
         "engine_parent": {"role": None, "name": "vllm", "parent": "launcher", "exit_after_children": True},
-        "orphan_worker": {"role": "orphan_worker", "name": "VLLM::EngineCore", "parent": "engine_parent",
-                          "devices": gpu_holder(dev, orphan_gpu), "gpus": [orphan_gpu], "mib": ORPHAN_MIB},
-        "term_ignorer": {"role": "term_ignorer", "name": "sglang::scheduler_TP0", "parent": "launcher",
-                         "ignore_sigterm": True, "devices": gpu_holder(dev, ignorer_gpu), "gpus": [ignorer_gpu],
-                         "mib": IGNORER_MIB},
+        "orphan_worker": dict(context(dev, gpus, [orphan_gpu]), role="orphan_worker", name="VLLM::EngineCore",
+                              parent="engine_parent", gpus=[orphan_gpu], mib=ORPHAN_MIB),
+        "term_ignorer": dict(context(dev, gpus, [ignorer_gpu]), role="term_ignorer", name="sglang::scheduler_TP0",
+                             parent="launcher", ignore_sigterm=True, gpus=[ignorer_gpu], mib=IGNORER_MIB),
+        # Every GPU visible (no CUDA_VISIBLE_DEVICES), its context on one: it maps every GPU's
+        # file while NVML lists it on that one GPU only.
+        "unpinned_worker": dict(context(dev, gpus, list(range(gpus))), role="unpinned_worker",
+                                name="sglang::unpinned", parent="launcher", gpus=[unpinned_gpu], mib=UNPINNED_MIB),
+        # A child forked after its parent's CUDA initialisation, whose parent then died: it maps
+        # the parent's GPU file and nvidiactl (not nvidia-uvm) and keeps the parent's context,
+        # which NVML goes on listing under the dead parent's pid.
+        "forking_parent": {"role": None, "name": "python3", "parent": "launcher", "exit_after_children": True},
+        "forked_child": dict(context(dev, gpus, [forked_gpu], uvm=False), role="forked_child", name="pt_data_worker",
+                             parent="forking_parent", gpus=[forked_gpu], mib=FORKED_MIB, listed_as_parent=True),
+        # A monitoring agent (an exporter, a device plugin): it opens every device file and maps
+        # none, like any NVML client. It holds no GPU memory and is not protected by name.
+        "monitor": {"role": "monitor", "name": "gpu-monitor", "parent": "launcher", "devices": opened(dev, gpus)},
         "bystander": {"role": "bystander", "name": None, "parent": "launcher"},
-        # argv[0] as the real daemon's, so psutil's name() gives the full 19-char name.
+        # argv[0] as the real daemon's, so psutil's name() gives the full 19-char name. Like any
+        # NVML user it opens every device file and maps none.
         "persistenced": {"role": "persistenced", "name": "nvidia-persistenced", "argv0": "nvidia-persistenced",
-                         "parent": "launcher", "devices": [str(dev / "nvidiactl")]},
+                         "parent": "launcher", "devices": opened(dev, gpus)},
         "shm_mapper": {"role": "shm_mapper", "name": "shm-mapper", "parent": "launcher",
                        "map_only": {"path": mapped, "size": Path(mapped).stat().st_size}},
     })
+    if orphan_gpu != forked_gpu:
+        # CUDA initialised without a context (a health check that imported torch, pinned to one
+        # GPU): it maps that GPU's file and nvidiactl but holds no memory, and NVML does not
+        # list it. Only on a GPU where NVML accounts for all the memory: beside the forked
+        # child's unattributed memory it could not be told from a holder (neither maps nvidia-uvm).
+        spec["init_only"] = dict(context(dev, gpus, [orphan_gpu], uvm=False), role="init_only", name="cuda-probe",
+                                 parent="launcher")
     return spec
 
 
@@ -136,9 +170,12 @@ def describe(spec: dict, ready: dict) -> dict:
         pid = ready[key]["pid"]
         entry = {"pid": pid, "create_time": procinfo.create_time(pid), "name": procinfo.comm(pid),
                  "cmdline": procinfo.cmdline(pid), "ppid": procinfo.ppid(pid),
-                 "devices": item.get("devices", []), "gpus": item.get("gpus", []), "mib": item.get("mib", 0)}
+                 "devices": item.get("devices", []), "maps": item.get("maps", []), "gpus": item.get("gpus", []),
+                 "mib": item.get("mib", 0)}
         if item["parent"] != "launcher":
             entry["parent_pid"] = ready[item["parent"]]["pid"]
+        if item.get("listed_as_parent"):
+            entry["listed_pid"] = entry["parent_pid"]  # the pid NVML shows for its memory
         if "open_shm" in ready[key]:
             entry["open_shm"] = ready[key]["open_shm"]
         roles.setdefault(item["role"], []).append(entry)

@@ -5,6 +5,11 @@ nothing outside ROOT once started. Each process reads its part of ROOT/run/plan.
 its name, opens its device files, maps or opens its shm segment, starts its children, then
 reports ready and sleeps until killed.
 
+Device files behave as the real driver's do (measured on a 2 x H200 host, driver 580): every
+process that touches the driver opens every device file; a process with a CUDA context also
+maps the device file of each GPU visible to it plus nvidiactl and nvidia-uvm, and closes
+nothing. So a spec's `devices` are opened and kept open, and its `maps` are mapped too.
+
     simproc launch                     the node's init: starts the top-level processes, reaps
     vllm serve MODEL --tensor-parallel-size N   the API server; starts its TP workers
     simproc KEY                        any other process in the plan
@@ -59,6 +64,16 @@ def map_only(path: str, size: int) -> None:
         raise OSError(ctypes.get_errno(), "mmap of %s failed" % path)
 
 
+def map_device(fd: int) -> None:
+    """Map an open device file privately, as a CUDA context maps /dev/nvidiaN."""
+    LIBC.mmap.restype = ctypes.c_void_p
+    LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    addr = LIBC.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap of fd %d failed" % fd)
+
+
 def spawn(key: str, spec: dict, new_session: bool) -> subprocess.Popen:
     args = spec.get("args") or [str(ROOT / "bin" / "simproc"), key]
     argv = [spec.get("argv0") or sys.executable] + args
@@ -111,6 +126,8 @@ def become(key: str, spec: dict, spec_all: dict) -> None:
     if spec.get("ignore_sigterm"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     held = [os.open(dev, os.O_RDWR) for dev in spec.get("devices", [])]
+    for dev in spec.get("maps", []):
+        map_device(held[spec["devices"].index(dev)])
     extra = {}
     if spec.get("map_only"):
         map_only(spec["map_only"]["path"], spec["map_only"]["size"])

@@ -1,7 +1,8 @@
 """The fleet report's Markdown, as an operator reads it after a run."""
 from __future__ import annotations
 
-from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import human_bytes, render_markdown
+from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, human_bytes, merge_rows,
+                                                                            render_markdown)
 
 
 def row(host, ok=True, status="ok", **values):
@@ -37,3 +38,75 @@ def test_an_empty_fleet_still_gives_a_table():
     lines = render_markdown("verify", "T", []).splitlines()
     assert lines[2].startswith("| host | status |")
     assert "0 hosts, 0 not ok." in lines
+
+
+# ----- the rows, computed from node_reset_result -----
+
+def gpu(index, uuid, mib):
+    return {"index": index, "uuid": uuid, "memory_used_mib": mib, "problems": []}
+
+
+def result(before, after, count=None, **values):
+    base = {"status": "dirty", "ok": False, "changed": True, "killed_count": 3, "shm_bytes_freed": 10,
+            "bytecode_removed": 1, "seconds_total": 4.5, "problems": [],
+            "steps": {"gpu_reset": {"changed": True, "memory_before": before, "elapsed_s": 3.0},
+                      "shm_clean": {"changed": True},
+                      "pycache_purge": {"skipped": True},
+                      "nvml_verify": {"gpus": after, "count": len(after) if count is None else count, "waited_s": 1.0}}}
+    base.update(values)
+    return base
+
+
+def test_mib_freed_follows_each_gpu_by_uuid_when_one_falls_off_the_bus():
+    """GPU 0 is gone after the reset and NVML renumbers the others: GPU 1 is now index 0. Each
+    GPU's reading is subtracted from its own, and the lost one is named, by its old index."""
+    before = [gpu(0, "GPU-a", 90000), gpu(1, "GPU-b", 80000), gpu(2, "GPU-c", 70000)]
+    after = [gpu(0, "GPU-b", 0), gpu(1, "GPU-c", 5)]
+    row = host_row("node1", result(before, after))
+    assert row["mib_freed_per_gpu"] == {"1": 80000, "2": 69995}
+    assert row["mib_freed"] == 149995
+    assert row["gpus_lost"] == [{"index": 0, "uuid": "GPU-a"}]
+    assert "GPU 0 (GPU-a) is lost: NVML read it before the reset and cannot read it now." in row["problems"]
+    assert row["seconds_per_step"] == {"gpu_reset": 3.0, "nvml_verify": 1.0}
+
+
+def test_a_gpu_nvml_counts_but_cannot_read_has_no_figure_and_keeps_nvmls_sentence():
+    before = [gpu(0, "GPU-a", 90000), gpu(1, "GPU-b", 80000)]
+    after = [{"index": 0, "uuid": None, "memory_used_mib": None, "problems": ["GPU 0 is lost (NVML: GPU is lost)"]},
+             gpu(1, "GPU-b", 0)]
+    row = host_row("node1", result(before, after, problems=["GPU 0 is lost (NVML: GPU is lost)"]))
+    assert row["mib_freed_per_gpu"] == {"1": 80000}
+    assert row["gpus_lost"] == [{"index": 0, "uuid": "GPU-a"}]  # named by the reading before
+    assert row["problems"] == ["GPU 0 is lost (NVML: GPU is lost)"]  # not said twice
+
+
+def test_a_check_of_some_gpus_does_not_call_the_others_lost():
+    before = [gpu(0, "GPU-a", 90000), gpu(1, "GPU-b", 80000)]
+    row = host_row("node1", result(before, [gpu(1, "GPU-b", 0)], count=2))
+    assert row["gpus_lost"] == [] and row["mib_freed_per_gpu"] == {"1": 80000}
+
+
+def test_memory_never_grows_into_a_negative_figure_and_strings_count():
+    row = host_row("node1", result([gpu(0, "GPU-a", "100")], [gpu(0, "GPU-a", 300)], killed_count="2"))
+    assert row["mib_freed_per_gpu"] == {"0": 0} and row["killed"] == 2
+
+
+def test_a_host_without_a_result_is_not_run_with_why_and_a_failed_step_keeps_its_error():
+    assert host_row("node9", None, "stopped")["status"] == "not run"
+    assert host_row("node9", None, "stopped")["problems"] == ["stopped"]
+    row = host_row("node1", result([], [], status="failed at shm_clean", failed_step="shm_clean", error="refused"))
+    assert row["failed_step"] == "shm_clean" and row["problems"] == ["refused"] and row["changed"]
+
+
+def test_added_rows_add_keys_append_problems_and_can_only_make_a_host_worse():
+    rows = [host_row("node1", result([], [], status="ok", ok=True)), host_row("node2", None)]
+    merge_rows(rows, [{"host": "node1", "service": "ready", "ok": False, "problems": ["no /health"]},
+                      {"host": "node3", "service": "down"}])
+    by_host = {row["host"]: row for row in rows}
+    assert by_host["node1"]["service"] == "ready" and not by_host["node1"]["ok"]
+    assert by_host["node1"]["problems"] == ["no /health"]
+    assert by_host["node3"] == {"host": "node3", "service": "down"}
+    text = render_markdown("reset_and_serve", "T", rows, [{"key": "service", "title": "service"}])
+    assert "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds | service |" in text
+    assert "| node1 | ok | 3 | 0 | 10 Bytes | 1 | 4.5 | ready |" in text
+    assert "- node1 (ok): no /health" in text

@@ -135,10 +135,10 @@ def test_read_stat_keeps_a_comm_with_spaces_and_parentheses(started):
 def test_terminate_uses_sigterm_then_sigkill_for_an_ignorer(started):
     polite, stubborn = _start(SLEEP), _start(IGNORE_TERM)
     started.extend([polite, stubborn])
-    ended, survivors, signalled = _procs.terminate(
+    outcome = _procs.terminate(
         [(polite.pid, _starttime(polite.pid)), (stubborn.pid, _starttime(stubborn.pid))], 0.5, 30)
-    assert survivors == [] and signalled == 2
-    assert dict((e["pid"], e["signal"]) for e in ended) == {polite.pid: "SIGTERM", stubborn.pid: "SIGKILL"}
+    assert outcome["survivors"] == [] and outcome["signalled"] == 2 and outcome["refused"] == []
+    assert dict((e["pid"], e["signal"]) for e in outcome["ended"]) == {polite.pid: "SIGTERM", stubborn.pid: "SIGKILL"}
     # Both were our children: terminate reaped them, so not even a zombie is left in /proc.
     assert not os.path.exists("/proc/%d" % polite.pid) and not os.path.exists("/proc/%d" % stubborn.pid)
 
@@ -147,8 +147,8 @@ def test_terminate_never_signals_a_pid_whose_start_time_differs(started):
     # The same pid with another start time is another process (pid reuse): leave it alone.
     proc = _start(SLEEP)
     started.append(proc)
-    ended, survivors, signalled = _procs.terminate([(proc.pid, _starttime(proc.pid) + 1)], 0.1, 0.1)
-    assert (ended, survivors, signalled) == ([], [], 0)
+    outcome = _procs.terminate([(proc.pid, _starttime(proc.pid) + 1)], 0.1, 0.1)
+    assert outcome == {"ended": [], "survivors": [], "signalled": 0, "refused": []}
     assert proc.poll() is None
 
 
@@ -169,3 +169,34 @@ def test_descendants_do_not_walk_through_an_excluded_process():
 def test_protected_names_allow_for_the_15_character_comm(names, comm, expected):
     protect = {"nvidia-persistenced", "Xorg"}
     assert _procs.name_is_protected(names, comm, protect) is expected
+
+
+def test_process_table_reads_each_processs_open_and_mapped_files_with_its_identity(tmp_path, started):
+    opened, mapped, idle = _file(tmp_path, "opened"), _file(tmp_path, "mapped"), _file(tmp_path, "idle")
+    holder = _start(HOLD_OPEN, opened)
+    mapper = _start(HOLD_MAPPED, mapped)
+    started.extend([holder, mapper])
+    table = _procs.process_table(paths=[opened, mapped, idle])
+    assert (table[holder.pid]["opened"], table[holder.pid]["mapped"]) == ({opened}, set())
+    assert (table[mapper.pid]["opened"], table[mapper.pid]["mapped"]) == (set(), {mapped})
+    assert table[mapper.pid]["starttime"] == _starttime(mapper.pid)
+    assert all(not (s["opened"] or s["mapped"]) for pid, s in table.items() if pid not in (holder.pid, mapper.pid))
+
+
+def test_now_ticks_is_on_the_clock_of_start_times(started):
+    before = _procs.now_ticks()
+    proc = _start(SLEEP)
+    started.append(proc)
+    assert before <= _starttime(proc.pid) <= _procs.now_ticks()
+
+
+def test_a_kernel_thread_is_what_the_kernel_flags_as_one(started):
+    proc = _start(SLEEP)
+    started.append(proc)
+    assert not _procs.is_kernel_thread(_procs.read_stat(proc.pid))
+    kthreadd = _procs.read_stat(2)
+    if kthreadd is None or kthreadd["comm"] != "kthreadd":
+        pytest.skip("pid 2 is not kthreadd here (a PID namespace)")
+    assert _procs.is_kernel_thread(kthreadd)
+    # An ordinary process whose parent is pid 2 or whose pid is 2 is not one: only the flag counts.
+    assert not _procs.is_kernel_thread(dict(_procs.read_stat(proc.pid), pid=2, ppid=2))
