@@ -7,7 +7,6 @@ outside the namespace, as the real driver would shape them.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
