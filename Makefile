@@ -15,7 +15,7 @@ PROXMOX_VERSION := 1.4.0
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint bench gpu-wheels clean
+.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint mutate bench gpu-wheels clean
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -66,6 +66,12 @@ integration: setup
 lint: setup
 	ansible-lint --profile production
 	antsibull-changelog lint
+
+# Mutation check of the safety logic (tests/mutations/*.yml): each small bug applied alone to a
+# scratch copy under build/mutate must make its tests fail; at least 95% must. Not part of `make test`
+# (it runs the tests once per mutant). MUTATE_JOBS=N sets how many copies run at once.
+mutate: setup
+	$(PY) tools/mutate.py
 
 bench: setup
 	$(PY) -m bench

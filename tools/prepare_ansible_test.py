@@ -15,6 +15,8 @@ from pathlib import Path
 
 import ansible_test
 
+from checkout_copy import copy_checkout
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -35,20 +37,7 @@ def install_bootstrap() -> Path:
 
 
 def copy_collection(build: Path) -> Path:
-    dest = build / "ansible_collections" / "cleanslate" / "gpu"
-    if dest.exists():
-        shutil.rmtree(dest)
-    listing = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO, check=True, capture_output=True,
-    ).stdout.decode().split("\0")
-    for rel in filter(None, listing):
-        src = REPO / rel
-        if not src.is_file() or src.is_symlink() and not src.exists():
-            continue  # deleted in the work tree, or a dangling link
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, target, follow_symlinks=False)
+    dest = copy_checkout(REPO, build / "ansible_collections" / "cleanslate" / "gpu")
     # The copy sits inside this checkout's ignored build/, where ansible-test's `git ls-files`
     # would see nothing: give it a repository of its own that lists exactly these files.
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)

@@ -7,7 +7,7 @@ outside the namespace, as the real driver would shape them.
 """
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 DEVICE_NAMES = ("nvidiactl", "nvidia-uvm")
@@ -126,51 +126,114 @@ def alive(entry) -> bool:
     return same_process(entry["pid"], entry["create_time"])
 
 
-def pid_reused_mid_pass(ns, device_paths, device) -> dict:
-    """A holder's files are read, then (before its identity is checked again) it dies and an
-    unrelated process takes its pid. gpu_reset runs in this process, with the /proc reader
-    wrapped so the reuse happens at exactly that point; the wrapped reader still reads /proc.
+# Maps one page of a file, as a CUDA context maps /dev/nvidiaN (libc's mmap: Python's refuses an
+# empty file), and keeps the mapping for the life of the process.
+MAP_ONE_PAGE = """
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+def map_one_page(path):
+    fd = os.open(path, os.O_RDONLY)
+    if libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0) in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap of %s failed" % path)
+    return fd
+"""
 
-    Returns whether the newcomer got the pid (else the race was not staged) and survived."""
+# The module's interpreter as a wrapper that holds a GPU: it maps a device file, then runs the
+# module as its child (so it is one of the module's ancestors) and exits with its status.
+HOLDING_WRAPPER = """#!%(python)s
+import subprocess, sys
+%(map_one_page)s
+map_one_page(%(device)r)
+with open(%(pidfile)r, "w") as handle:
+    handle.write(str(os.getpid()))
+sys.exit(subprocess.call([sys.executable] + sys.argv[1:]))
+"""
+
+
+def ancestors_holding_gpus(ns, device_paths, pid1_maps, wrapper_maps, holder) -> dict:
+    """PID 1 of the namespace (this process) maps pid1_maps; the module runs under a wrapper
+    that maps wrapper_maps; holder is an ordinary holder. Returns the result, the wrapper's pid
+    and which of them lived on."""
+    scope = {}
+    exec(MAP_ONE_PAGE, scope)  # pylint: disable=exec-used
+    scope["map_one_page"](pid1_maps)
+    started = ns.start(**holder)
+    pidfile = ns.scratch / "wrapper.pid"
+    wrapper = ns.scratch / "python-holding-a-gpu"
+    wrapper.write_text(HOLDING_WRAPPER % {"python": sys.executable, "map_one_page": MAP_ONE_PAGE,
+                                          "device": wrapper_maps, "pidfile": str(pidfile)})
+    wrapper.chmod(0o755)
+    result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths), env=NO_NVML, python=str(wrapper))
+    return {"result": result, "wrapper": int(pidfile.read_text()), "holders": started,
+            "alive": dict((key, ns.alive(entry)) for key, entry in started.items())}
+
+
+# The moments at which raced_run makes the target exit, each named by what the module does then.
+MOMENTS = {
+    # In the pass over /proc: after it read the target's mappings, before it read its identity again.
+    "mid_pass": ["openat"],
+    # After the pass, when the module reads the target's command line to judge it.
+    "before_description": ["openat"],
+    # When the module opens a pidfd of the target, to signal it.
+    "before_signal": ["pidfd_open"],
+    # Without pidfds (pidfd_open fails as on a kernel before 5.3): when the module sends SIGTERM to
+    # the other target, just before it signals this one with kill().
+    "before_kill_without_pidfd": ["kill"],
+}
+
+
+def raced_run(ns, holders, device_paths, target, moment, reuse, other=None) -> dict:
+    """Start holders, then run gpu_reset under a seccomp gate (tests/syscall_gate.py) that holds
+    the module inside a system call at `moment` (MOMENTS) while this process makes the target
+    exit (SIGKILL, reaped) and, with reuse, gives its pid to a new unrelated process (through
+    ns_last_pid: this namespace hands out pids for nothing else meanwhile). The module's code
+    is not touched. Returns the result (with diff), who lived on, and what the gate did."""
+    import errno  # pylint: disable=import-outside-toplevel
     import signal  # pylint: disable=import-outside-toplevel
     import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-    import time  # pylint: disable=import-outside-toplevel
-    from tests.run_module import ensure_collection_link  # pylint: disable=import-outside-toplevel
-    sys.path.insert(0, str(ensure_collection_link()))
-    # pylint: disable=import-outside-toplevel
-    from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-    from ansible_collections.cleanslate.gpu.plugins.modules import gpu_reset
+    from tests.functional.pidns import starttime  # pylint: disable=import-outside-toplevel
+    from tests.syscall_gate import SyscallGate  # pylint: disable=import-outside-toplevel
 
-    ns.start(key="pid-2")  # (so that the holder is not pid 2, which old versions took for a kernel thread)
-    holder = ns.start(key="holder", map=[device])["holder"]
-    newcomer = []
-    read_maps = _procs._mapped_paths  # pylint: disable=protected-access
+    started, procs = {}, {}
+    for spec in holders:
+        started.update(ns.start(**spec))
+        procs[spec["key"]] = ns.procs[-1]
+    victim = started[target]
+    acted, newcomer, maps_read = [], [], []
 
-    def read_then_reuse(pid, needle, proc=_procs.PROC):
-        found = read_maps(pid, needle, proc)
-        if pid == holder["pid"] and not newcomer:
-            os.kill(pid, signal.SIGKILL)
-            ns.procs[-1].wait()
-            time.sleep(0.05)  # start times count clock ticks: the newcomer starts in a later one
+    def act(call):
+        procs[target].kill()
+        procs[target].wait()
+        if reuse:
             with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
-                handle.write(str(pid - 1))
-            newcomer.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]))
-        return found
+                handle.write(str(victim["pid"] - 1))
+            proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL)
+            ns.procs.append(proc)
+            newcomer.append({"pid": proc.pid, "starttime": starttime(proc.pid)})
+        acted.append({"syscall": call.syscall, "path": (call.path or b"").decode(), "args": list(call.args[:2])})
 
-    _procs._mapped_paths = read_then_reuse  # pylint: disable=protected-access
+    def on_call(call):
+        if acted:
+            return
+        pid = victim["pid"]
+        if moment == "mid_pass":
+            if call.path == b"/proc/%d/maps" % pid:
+                maps_read.append(call)
+            elif maps_read and call.path == b"/proc/%d/stat" % pid:
+                act(call)
+        elif moment == "before_description" and call.path == b"/proc/%d/cmdline" % pid:
+            act(call)
+        elif moment == "before_signal" and call.args[0] == pid:
+            act(call)
+        elif moment == "before_kill_without_pidfd" and call.args[:2] == (started[other]["pid"], signal.SIGTERM):
+            act(call)
 
-    class Module(object):
-        check_mode = False
-        _diff = False
-        params = dict(device_paths=device_paths, gpus=[], cmdline_patterns=[], cgroup=None, users=None,
-                      protect_names=gpu_reset.DEFAULT_PROTECT_NAMES, include_children=True,
-                      grace_period=0.5, kill_timeout=5)
-
-    try:
-        result = gpu_reset.run(Module(), time.monotonic())
-    finally:
-        _procs._mapped_paths = read_maps  # pylint: disable=protected-access
-    staged = bool(newcomer) and newcomer[0].pid == holder["pid"]
-    return {"staged": staged, "newcomer_alive": bool(newcomer) and newcomer[0].poll() is None,
-            "targets": [t["pid"] for t in result["targets"]], "holder": holder}
+    deny = {"pidfd_open": errno.ENOSYS} if moment == "before_kill_without_pidfd" else {}
+    with SyscallGate(ns.scratch, hold=MOMENTS[moment], deny=deny, handler=on_call) as gate:
+        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths), diff=True, env=NO_NVML,
+                           python=gate.python)
+    return {"result": result, "holders": started, "acted": acted, "newcomer": newcomer[0] if newcomer else None,
+            "newcomer_alive": bool(newcomer) and ns.alive(newcomer[0]),
+            "alive": dict((key, ns.alive(entry)) for key, entry in started.items())}

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 MARK = "@@pidns-result@@ "
 
 # A holder: takes a name, ignores SIGTERM or forks on it, opens files, maps files (one page,
-# MAP_PRIVATE, as a CUDA context maps /dev/nvidiaN), forks children (which inherit the
+# MAP_PRIVATE, as a CUDA context maps /dev/nvidiaN; with close_mapped, then closes their
+# descriptors, so that only the mappings show), forks children (which inherit the
 # mappings, as a child forked after CUDA initialisation does, unless `fresh`: then the child
 # execs itself anew and inherits nothing), says it is ready on stdout
 # (one write per line: parent and children share the pipe) and waits for signals.
@@ -53,6 +54,8 @@ def take(spec):
         kept.append(fd)
         if libc.mmap(None, mmap.PAGESIZE, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0) in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap of %s failed" % path)
+        if spec.get("close_mapped"):
+            os.close(kept.pop())  # the mapping alone keeps the file in use
     if spec.get("term_forks"):
         def on_term(signum, frame):
             # A SIGTERM handler that forks a successor (which keeps the mappings) and exits once
@@ -110,7 +113,7 @@ class Namespace(object):
 
     def start(self, argv_extra=(), uid=None, python=None, **spec) -> dict:
         """Start a holder (see HOLDER; spec keys: key, name ("hex:..." for raw bytes), open, map,
-        ignore_term, term_forks, children (each may be `fresh`), exits, fork_every) and return {key: {pid, ppid, starttime}} of it
+        ignore_term, term_forks, children (each may be `fresh`), exits, fork_every, close_mapped) and return {key: {pid, ppid, starttime}} of it
         and its children, once each is ready. argv_extra: more arguments (bytes allowed) that
         only show in its cmdline; uid: run it as this user; python: the interpreter to run it
         with (e.g. a link named like a protected daemon). A holder that exits is waited for."""
@@ -129,7 +132,7 @@ class Namespace(object):
     def alive(self, entry: dict) -> bool:
         """Whether the process of {pid, starttime} is still alive (a zombie is not)."""
         stat = read_stat(entry["pid"])
-        return stat is not None and stat[1] == entry["starttime"] and stat[0] not in "ZX"
+        return stat is not None and stat[1] == entry["starttime"] and stat[0] not in ("Z", "X")
 
     def reap(self) -> None:
         """Collect the exit status of every process that ended (orphans come to PID 1)."""

@@ -231,7 +231,8 @@ def test_zombie_counts_as_gone(dev):
     # The child holds the device and exits on SIGTERM; its parent never reaps it, so it stays
     # a zombie. That must count as gone at once: no SIGKILL, no survivor.
     holder = {"key": "parent", "children": [cuda(dev, [0], key="child")]}
-    out = reset([holder], [{"params": {"device_paths": globs(dev), "include_children": False, "grace_period": 30,
+    # grace_period 5: long enough that a zombie counted alive ends in SIGKILL, short enough that it fails fast.
+    out = reset([holder], [{"params": {"device_paths": globs(dev), "include_children": False, "grace_period": 5,
                                        "kill_timeout": 1}}])
     result = out["runs"][0]["result"]
     assert result["rc"] == 0, result.get("msg")

@@ -49,12 +49,15 @@ def test_gpus_selection_stops_only_the_holder_of_that_gpu(dev, fake_nvml_lib, wi
     assert run["alive"] == {"gpu0": True, "gpu1": False}
 
 
-def test_a_monitor_that_opens_every_device_file_is_a_client_left_alone(dev, fake_nvml_lib):
+@pytest.mark.parametrize("with_nvml", [True, False])
+def test_a_monitor_that_opens_every_device_file_is_a_client_left_alone(dev, fake_nvml_lib, with_nvml):
     """An NVML monitor (not protected by name) opens every device file and maps none: it holds
-    no GPU memory, so a reset of every GPU leaves it running and reports it as a client."""
+    no GPU memory, so a reset of every GPU leaves it running and reports it as a client. Without
+    NVML the mappings alone decide, and it maps nothing."""
     holders = [client(dev, key="monitor", name="gpu-monitor"),
                cuda(dev, [2], key="server", nvml=[{"gpu": 2, "mib": 5000}])]
-    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=4, lib_dir=str(fake_nvml_lib))
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=4 if with_nvml else None,
+                lib_dir=str(fake_nvml_lib))
     run = out["runs"][0]
     assert run["result"]["rc"] == 0, run["result"].get("msg")
     assert [t["pid"] for t in run["result"]["targets"]] == [out["holders"]["server"]["pid"]]
@@ -217,13 +220,51 @@ def test_device_paths_through_symbolic_links_find_the_holders(tmp_path, dev):
     assert by_dir["alive"] == {"gpu0": True, "gpu1": False}
 
 
-def test_a_pid_reused_between_the_evidence_and_the_identity_is_never_signalled(dev):
-    """The identity (start time) is read in the same pass as the evidence, before and after
-    it: a holder that dies right after its files were read, its pid taken by an unrelated
-    process, leaves no target (on the old two-pass scan the newcomer inherited its place)."""
-    out = pidns.run_in_pidns("tests.functional.gpu_reset_ns:pid_reused_mid_pass", device_paths=globs(dev),
-                             device=str(dev / "nvidia0"))
-    if not out["staged"]:
-        pytest.skip("the namespace gave the freed pid to another process; the race was not staged")
-    assert out["newcomer_alive"], "the process that took over the holder's pid was signalled"
-    assert out["targets"] == []
+# --- what counts as evidence, and for which GPU ---------------------------------------------
+
+def test_a_mapping_whose_descriptor_was_closed_is_found(dev):
+    """A CUDA context keeps its device files mapped; it needs no descriptor for that. A holder
+    that closed every descriptor after mapping is found by its mappings alone."""
+    holder = {"key": "holder", "name": "mapped-only", "close_mapped": True,
+              "map": [str(dev / "nvidia0"), str(dev / "nvidiactl"), str(dev / "nvidia-uvm")]}
+    out = reset([holder], [{"params": {"device_paths": globs(dev)}}])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert targets(run) == [(out["holders"]["holder"]["pid"], (0,), "device")]
+    assert run["result"]["targets"][0]["devices"] == sorted(holder["map"])
+    assert run["result"]["clients"] == []
+    assert run["alive"] == {"holder": False}
+
+
+def test_with_gpus_a_process_mapping_only_nvidiactl_is_not_a_target(dev):
+    """Without NVML the mappings alone decide. nvidiactl names no GPU: with gpus set, only a
+    process mapping a selected GPU's file is a target; without gpus, any mapping process is."""
+    holders = [{"key": "ctl_only", "name": "ctl-only", "open": sorted(str(p) for p in dev.iterdir()),
+                "map": [str(dev / "nvidiactl")]},
+               cuda(dev, [1], key="gpu1", name="gpu1-server")]
+    runs = [{"params": {"device_paths": globs(dev)}, "check": True},
+            {"params": {"device_paths": globs(dev), "gpus": ["1"]}}]
+    out = reset(holders, runs)
+    everything, gpu1 = out["runs"]
+    pid = dict((key, entry["pid"]) for key, entry in out["holders"].items())
+    assert targets(everything) == sorted([(pid["ctl_only"], (), "device"), (pid["gpu1"], (1,), "device")])
+    assert gpu1["result"]["rc"] == 0, gpu1["result"].get("msg")
+    assert targets(gpu1) == [(pid["gpu1"], (1,), "device")]
+    assert gpu1["alive"] == {"ctl_only": True, "gpu1": False}
+
+
+# --- what is never a target: this module's ancestors and pid 1 -------------------------------
+
+def test_the_modules_ancestors_and_pid_1_are_protected_though_they_hold_a_gpu(dev):
+    """Ansible runs the module under processes of its own (a shell, a become wrapper, a
+    container's init): one of them holding a device file must survive, reported protected.
+    Here PID 1 of the namespace maps nvidia0 and the interpreter wrapper that runs the module
+    maps nvidia1; an ordinary holder of nvidia2 is the only target."""
+    out = pidns.run_in_pidns("tests.functional.gpu_reset_ns:ancestors_holding_gpus", device_paths=globs(dev),
+                             pid1_maps=str(dev / "nvidia0"), wrapper_maps=str(dev / "nvidia1"),
+                             holder=cuda(dev, [2], key="holder", name="server"))
+    result = out["result"]
+    assert result["rc"] == 0, result.get("msg")  # the wrapper exited with the module's status: it lived
+    assert targets({"result": result}) == [(out["holders"]["holder"]["pid"], (2,), "device")]
+    assert [(p["pid"], p["reason"]) for p in result["protected"]] == [(1, "pid 1"), (out["wrapper"], "self")]
+    assert out["alive"] == {"holder": False}

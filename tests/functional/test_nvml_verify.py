@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -63,40 +62,6 @@ def wait_for_call(fake_nvml, call, gpu, give_up_s=60.0):
     raise AssertionError("the module never made %s on GPU %d" % (call, gpu))
 
 
-def module_pid(state_dir: Path) -> int | None:
-    """The pid of the module process pointed at this test's state (our own child only)."""
-    needle = ("FAKE_NVML_STATE=%s" % state_dir).encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/environ" % entry, "rb") as handle:
-                environ = handle.read().split(b"\0")
-            with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                cmdline = handle.read()
-        except OSError:
-            continue
-        if needle in environ and b"nvml_verify.py" in cmdline:
-            return int(entry)
-    return None
-
-
-def wait_until_polling(state_dir: Path, give_up_s: float = 60.0) -> None:
-    """Block until the module process has loaded the (fake) libnvidia-ml, i.e. started polling."""
-    deadline = time.monotonic() + give_up_s
-    while time.monotonic() < deadline:
-        pid = module_pid(state_dir)
-        if pid is not None:
-            try:
-                with open("/proc/%d/maps" % pid, encoding="utf-8") as handle:
-                    if "libnvidia-ml.so.1" in handle.read():
-                        return
-            except OSError:
-                pass
-        time.sleep(0.02)
-    raise AssertionError("the module never loaded libnvidia-ml")
-
-
 def test_idle_node_passes_on_v2_memory(fake_nvml):
     result = verify(fake_nvml, expected_count=8)
     assert result["rc"] == 0, result["msg"]
@@ -113,16 +78,19 @@ def test_idle_node_passes_on_v2_memory(fake_nvml):
     assert result["driver_version"] == "570.133.20"
 
 
-def test_live_holder_fails_with_gpu_pid_and_memory(fake_nvml, holders):
+@pytest.mark.parametrize("kind", ["compute", "graphics"])
+def test_live_holder_fails_with_gpu_pid_and_memory(fake_nvml, holders, kind):
+    """A graphics context (an X server, or a CUDA-GL interop buffer) holds memory as a compute
+    context does: NVML lists it among the graphics processes, and it is named with its type."""
     holder = holders()
-    fake_nvml.register(holder.pid, 2, 4000)
+    fake_nvml.register(holder.pid, 2, 4000, kind=kind)
     result = verify(fake_nvml, timeout=0.3)
     assert result["rc"] != 0 and result["ok"] is False and result["changed"] is False
     gpu2 = result["gpus"][2]
-    assert gpu2["processes"] == [{"pid": holder.pid, "used_mib": 4000, "type": "compute", "exists": True}]
-    assert gpu2["memory_used_mib"] == 4000
+    assert gpu2["processes"] == [{"pid": holder.pid, "used_mib": 4000, "type": kind, "exists": True}]
+    assert gpu2["memory_used_mib"] == 4000 and gpu2["unattributed_mib"] == 0
     msg = result["msg"]
-    assert label(fake_nvml, 2) + ": NVML lists compute process %d (exists here, 4000 MiB)" % holder.pid in msg
+    assert label(fake_nvml, 2) + ": NVML lists %s process %d (exists here, 4000 MiB)" % (kind, holder.pid) in msg
     assert "4000 MiB of memory used" in msg and "cleanslate.gpu.gpu_reset" in msg
     assert result["polls"] >= 2
     # The other GPUs are clean and not named.
@@ -130,26 +98,50 @@ def test_live_holder_fails_with_gpu_pid_and_memory(fake_nvml, holders):
     assert "GPU 3" not in msg
 
 
+def reads_of(fake_nvml, gpu):
+    """How many reads of GPU `gpu` (as created) the module has finished: the retired pages
+    status is the last call of a GPU's read, made once per read (a process list takes two
+    calls when there is something to list)."""
+    return sum(1 for row in fake_nvml.calls()
+               if row["call"] == "nvmlDeviceGetRetiredPagesPendingStatus" and row["gpu"] == gpu)
+
+
+def wait_for_reads(fake_nvml, gpu, count, runner, give_up_s=60.0):
+    """Block until the module has read GPU `gpu` `count` times in all, while it is still running."""
+    deadline = time.monotonic() + give_up_s
+    while reads_of(fake_nvml, gpu) < count:
+        assert runner.is_alive(), "the module returned while a GPU was still held"
+        assert time.monotonic() < deadline, "the module stopped reading GPU %d" % gpu
+        time.sleep(0.02)
+
+
 def test_passes_when_holder_is_killed_during_the_poll(fake_nvml, holders):
+    """Two holders, freed one after the other: the polls that read GPU 7 still held (its graphics
+    holder alive, GPU 0 already free) do not pass, and the first poll after the last holder is
+    gone does."""
     first, last = holders(), holders()
     fake_nvml.register(first.pid, 0, 70000)
     fake_nvml.register(last.pid, 7, 70000, kind="graphics")
+    fake_nvml.record_calls()
     box = {}
     runner = threading.Thread(target=lambda: box.update(verify(fake_nvml, timeout=120, poll_interval=0.05)))
     runner.start()
     try:
-        wait_until_polling(fake_nvml.state_dir)
+        wait_for_reads(fake_nvml, 7, 1, runner)
         first.kill()
         first.wait()
-        time.sleep(0.3)  # let a few polls see GPU 7 still held
+        # Two more complete reads of GPU 7 begin after GPU 0 was freed; GPU 7 is held all along.
+        held_reads = reads_of(fake_nvml, 7) + 2
+        wait_for_reads(fake_nvml, 7, held_reads, runner)
+        assert runner.is_alive() and not box, "the module passed while GPU 7 was held"
         last.kill()
         last.wait()
     finally:
         runner.join(150)
     assert box["rc"] == 0, box["msg"]
     assert box["ok"] is True
-    assert box["polls"] >= 2
-    assert all(gpu["memory_used_mib"] == 0 for gpu in box["gpus"])
+    assert box["polls"] >= held_reads + 1  # every read that saw a holder, then the one that saw none
+    assert all(gpu["memory_used_mib"] == 0 and gpu["processes"] == [] for gpu in box["gpus"])
 
 
 def test_memory_stuck_with_no_process_fails_after_timeout(fake_nvml):
@@ -179,7 +171,7 @@ def test_gpu_missing_from_the_enumeration_fails_expected_count(fake_nvml):
 def test_lost_gpu_is_reported_lost_whatever_the_checks(fake_nvml):
     # A GPU that fell off the bus keeps its place in the enumeration and answers GPU_IS_LOST.
     fake_nvml.inject("gpu_lost", gpu=3)
-    result = verify(fake_nvml, expected_count=8, checks=["ecc"], timeout=60)
+    result = verify(fake_nvml, expected_count=8, checks=["ecc"], timeout=10)
     assert result["rc"] != 0 and result["ok"] is False
     assert result["count"] == 8 and result["problems"] == []
     gpu3 = result["gpus"][3]
@@ -192,6 +184,18 @@ def test_lost_gpu_is_reported_lost_whatever_the_checks(fake_nvml):
     # Waiting cannot bring it back: the module says so at once instead of polling for 60 s.
     assert result["polls"] == 1
     assert "no longer polling: waiting cannot clear these" in result["msg"]
+
+
+def test_each_lost_gpu_is_reported_under_its_own_index(fake_nvml):
+    """Two GPUs lost at once (a board or NVLink fault): NVML can tell neither's UUID nor bus id,
+    and each is still checked and reported on its own."""
+    fake_nvml.inject("gpu_lost", gpu=3)
+    fake_nvml.inject("gpu_lost", gpu=5)
+    result = verify(fake_nvml, expected_count=8, timeout=10)
+    assert result["rc"] != 0 and result["ok"] is False
+    assert [gpu["index"] for gpu in result["gpus"]] == list(range(8))
+    assert [gpu["index"] for gpu in result["gpus"] if gpu["problems"]] == [3, 5]
+    assert all(": lost (NVML: GPU is lost)" in result["gpus"][index]["problems"][0] for index in (3, 5))
 
 
 @pytest.mark.parametrize("fault, params, expected", [
@@ -403,7 +407,8 @@ def test_max_memory_at_or_above_a_gpus_memory_is_refused(fake_nvml):
 def test_timeout_bounds_slow_reads(fake_nvml):
     # Every memory and process call takes 1.9 s on every GPU: one read of 8 GPUs takes a minute.
     fake_nvml.inject("hang", seconds=1.9)
-    result = run_module("nvml_verify", {"timeout": 1}, env=fake_nvml.env(), timeout=170)
+    # A module that let reads run past the timeout would take a minute: give up well before.
+    result = run_module("nvml_verify", {"timeout": 1}, env=fake_nvml.env(), timeout=30)
     assert result["rc"] != 0 and result["ok"] is False
     assert result["polls"] == 0  # not one read finished
     assert result["unfinished_call"]["call"] == "nvmlDeviceGetMemoryInfo_v2"
@@ -443,12 +448,14 @@ def test_timeout_zero_gives_its_one_read_call_timeout_in_all(fake_nvml):
 
 
 def test_a_read_is_not_started_when_it_cannot_end_before_the_timeout(fake_nvml, holders):
-    # Each read of GPU 0 takes at least 0.2 s (4 slow calls); reads would start every 0.3 s. The
-    # last one must not start so late that the timeout cuts it and blames NVML for being slow.
+    # Each read of GPU 0 takes at least 0.2 s (4 slow calls); reads follow each other at once
+    # (poll_interval 1 ms), so a read started whenever its start is before the deadline would
+    # almost always be cut. The last one must not start so late that the timeout cuts it and
+    # blames NVML for being slow.
     holder = holders()
     fake_nvml.register(holder.pid, 0, 500)
     fake_nvml.inject("hang", gpu=0, seconds=0.05)
-    result = verify(fake_nvml, gpus=["0"], timeout=1, poll_interval=0.3)
+    result = verify(fake_nvml, gpus=["0"], timeout=1, poll_interval=0.001)
     assert result["rc"] != 0 and result["polls"] >= 1
     assert result["unfinished_call"] is None
     assert result["msg"].startswith("GPUs not clean after ")

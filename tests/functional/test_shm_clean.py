@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ import pytest
 
 from tests.run_module import run_module
 from tests.sim import procinfo
+from tests.syscall_gate import SyscallGate
 
 REPO = Path(__file__).resolve().parents[2]
 SHM = Path("/dev/shm")
@@ -281,15 +283,44 @@ def test_zombie_torch_creator_counts_as_dead(shm_dir):
         child.wait()
 
 
-def test_only_regular_files_and_links_are_removed(shm_dir):
-    os.mkfifo(shm_dir / "nccl-fifo")
+def test_only_regular_files_and_links_are_removed(shm_dir, tmp_path):
+    """Every file type under a matching name: the file and the link go (the link's target stays),
+    the directory, FIFO, socket and device node stay, each with the reason."""
     leftover(shm_dir, "nccl-file")
+    target = tmp_path / "link-target"
+    target.write_bytes(b"not ours")
+    (shm_dir / "nccl-link").symlink_to(target)
+    (shm_dir / "nccl-dir").mkdir()
+    leftover(shm_dir / "nccl-dir", "nccl-inner")
+    os.mkfifo(shm_dir / "nccl-fifo")
+    # bind() from the directory: a socket path is limited to 108 bytes.
+    subprocess.run([sys.executable, "-c", "import os, socket, sys; os.chdir(sys.argv[1]); "
+                    "socket.socket(socket.AF_UNIX).bind('nccl-socket')", str(shm_dir)], check=True)
+    kinds = {"nccl-dir": "a directory", "nccl-fifo": "a FIFO", "nccl-socket": "a socket"}
+    if os.geteuid() == 0:
+        os.mknod(shm_dir / "nccl-null", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+        kinds["nccl-null"] = "a character device"
+    before = listing_of_kinds(shm_dir)
 
     result = run_module("shm_clean", {"path": str(shm_dir)})
 
-    assert paths(result["removed"]) == {"nccl-file"}
-    assert [(Path(i["path"]).name, "FIFO" in i["why"]) for i in result["kept"]] == [("nccl-fifo", True)]
-    assert (shm_dir / "nccl-fifo").exists()
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == {"nccl-file", "nccl-link"}
+    assert {name: item["why"] for name, item in by_name(result["kept"]).items()} == {
+        name: kind + ("; directories are never removed" if kind == "a directory" else
+                      "; only regular files and symbolic links are removed") for name, kind in kinds.items()}
+    after = listing_of_kinds(shm_dir)
+    assert after == {name: kind for name, kind in before.items() if name not in ("nccl-file", "nccl-link")}
+    assert (shm_dir / "nccl-dir" / "nccl-inner").exists()
+    assert target.read_bytes() == b"not ours"
+
+
+def listing_of_kinds(directory):
+    """Name -> file type letter as ls -l shows it (-, l, d, p, s, c)."""
+    letters = ((stat.S_ISLNK, "l"), (stat.S_ISDIR, "d"), (stat.S_ISFIFO, "p"), (stat.S_ISSOCK, "s"),
+               (stat.S_ISCHR, "c"), (stat.S_ISREG, "-"))
+    return {name: next(letter for test, letter in letters if test(os.lstat(directory / name).st_mode))
+            for name in os.listdir(directory)}
 
 
 def test_permission_denied_on_one_entry_fails_after_cleaning_the_rest(shm_dir):
@@ -309,6 +340,60 @@ def test_permission_denied_on_one_entry_fails_after_cleaning_the_rest(shm_dir):
     assert result["changed"] is True
     assert paths(result["removed"]) == {"nccl-a", "nccl-z"}
     assert sorted(os.listdir(shm_dir)) == ["nccl-stuck"]
+
+
+# What the test does to nccl-b while the module is held in its unlink of nccl-a, and what the
+# module must then say about nccl-b.
+CHANGES = {
+    "replaced": "changed during the run; left for the next run",  # a new file (new inode) under the name
+    "rewritten": "changed during the run; left for the next run",  # same inode, written again (new mtime)
+    "removed": "disappeared during the run",  # someone else removed it first
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_segment_changed_during_the_run_is_kept_with_the_reason(shm_dir, tmp_path, change):
+    """A server starting while the module runs may create a segment under a leftover's name. The
+    module examines every entry (type, age, users) before it removes any; the test holds it inside
+    its first unlinkat (a seccomp user notification: the module's code is not touched) and changes
+    nccl-b then, so that the change lands after nccl-b was judged a leftover and before it is removed."""
+    leftover(shm_dir, "nccl-a")
+    second = leftover(shm_dir, "nccl-b")
+    before = second.stat()
+    fresh = b"a new server's segment"
+    changed = []
+
+    def change_b_during_first_unlink(call):
+        if changed:
+            return
+        assert call.path == b"nccl-a" and (shm_dir / "nccl-a").exists(), call
+        if change == "replaced":
+            (shm_dir / "new-b").write_bytes(fresh)
+            os.rename(shm_dir / "new-b", second)
+        elif change == "rewritten":
+            with open(second, "r+b") as handle:
+                handle.write(fresh)
+        else:
+            second.unlink()
+        changed.append(call)
+
+    with SyscallGate(tmp_path, hold=["unlinkat"], handler=change_b_during_first_unlink) as gate:
+        result = run_module("shm_clean", {"path": str(shm_dir)}, python=gate.python)
+
+    assert result["rc"] == 0, result
+    assert len(changed) == 1, "the module never unlinked nccl-a, so nccl-b was never changed in time"
+    assert paths(result["removed"]) == {"nccl-a"}
+    assert by_name(result["kept"]) == {"nccl-b": {"path": str(second), "why": CHANGES[change]}}
+    assert result["bytes_freed"] == result["removed"][0]["bytes"]
+    assert not (shm_dir / "nccl-a").exists()
+    if change == "removed":
+        assert not second.exists()
+    else:
+        assert second.read_bytes().startswith(fresh)
+        now = second.stat()
+        assert (now.st_ino != before.st_ino) == (change == "replaced")
+    # Held calls: only the one unlink of nccl-a; the changed nccl-b was never unlinked.
+    assert [call.path for call in gate.calls] == [b"nccl-a"]
 
 
 def tree(root):
@@ -545,6 +630,25 @@ def wrapper(tmp_path, name, body):
     return str(script)
 
 
+# The system's interpreter (root's may live under /root, closed to nobody) with our ansible.
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
+
+
+def as_nobody(tmp_path, inside=""):
+    """(python for run_module, env): the module run as user nobody; inside, a shell command run as
+    root before it (in the same shell), such as a mount in a private mount namespace."""
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("site-packages")), "HOME": "/tmp"}
+    probe = subprocess.run(AS_NOBODY + ["-c", "import ansible.module_utils.basic"], env=dict(os.environ, **env),
+                           capture_output=True, check=False)
+    if probe.returncode:
+        pytest.skip("user nobody cannot import ansible from this environment: %s" % probe.stderr[-200:])
+    if not inside:
+        return wrapper(tmp_path, "as-nobody", 'exec %s "$1" < "$2"' % " ".join(AS_NOBODY)), env
+    body = "exec unshare --mount --propagation private sh -c '%s && exec %s \"$0\"' \"$1\" < \"$2\"" % (
+        inside, " ".join(AS_NOBODY))
+    return wrapper(tmp_path, "as-nobody-inside", body), env
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
 def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, procs, tmp_path):
     """Run as nobody, the module cannot read root's processes: a segment that only a root process
@@ -554,14 +658,7 @@ def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, pro
     (shm_dir / "nccl-link").symlink_to(idle)
     start_in_namespace(procs, held, "map")
     shm_dir.chmod(0o777)  # nobody may list and unlink here
-    # The system's interpreter (root's may live under /root, closed to nobody) with our ansible.
-    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("site-packages")), "HOME": "/tmp"}
-    probe = subprocess.run(as_nobody + ["-c", "import ansible.module_utils.basic"], env=dict(os.environ, **env),
-                           capture_output=True, check=False)
-    if probe.returncode:
-        pytest.skip("user nobody cannot import ansible from this environment: %s" % probe.stderr[-200:])
-    nobody = wrapper(tmp_path, "as-nobody", 'exec %s "$1" < "$2"' % " ".join(as_nobody))
+    nobody, env = as_nobody(tmp_path)
 
     result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env)
 
@@ -572,6 +669,33 @@ def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, pro
     assert all("cannot be proven" in item["why"] and "run as root" in item["why"] for item in kept.values())
     assert any("cannot be proven" in str(w) for w in result.get("warnings", []))
     assert held.exists() and idle.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None,
+                    reason="needs root, setpriv and unshare")
+def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, procs, tmp_path):
+    """On a /proc mounted hidepid=1, another user's /proc/PID/stat cannot be read, so whether the
+    creator of a torch_<pid>_* segment lives is unknown: it counts as alive and is named as its user."""
+    creator = subprocess.Popen(["sleep", "600"])
+    procs.append(creator)
+    segment = leftover(shm_dir, "torch_%d_1_0" % creator.pid)
+    shm_dir.chmod(0o777)
+    hidepid = "mount -t proc -o hidepid=1 proc /proc"
+    nobody, env = as_nobody(tmp_path, inside=hidepid)
+    # The premise: as nobody, under that /proc, the creator exists but its state cannot be read.
+    seen = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           '%s && exec "$@"' % hidepid, "sh"] + AS_NOBODY +
+                          ["-c", "import os, sys; print(os.path.isdir(sys.argv[1]))\ntry: open(sys.argv[1] + '/stat')\n"
+                           "except PermissionError: print('denied')", "/proc/%d" % creator.pid],
+                          capture_output=True, text=True, check=False)
+    assert seen.stdout.split() == ["True", "denied"], seen
+
+    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env)
+
+    assert result["rc"] == 0, result
+    assert result["in_use"] == [{"path": str(segment), "pids": [creator.pid]}]
+    assert result["removed"] == [] and by_name(result["kept"]) == {}
+    assert segment.exists()
 
 
 def test_a_mount_point_is_never_removed(shm_dir, tmp_path):

@@ -132,11 +132,12 @@ def test_unattributed_counts_only_processes_that_exist():
 
 
 def test_unattributed_counts_a_compute_and_graphics_process_once():
+    """Counted twice, pid 10's 3000 MiB would hide the 2000 MiB nobody here accounts for."""
     gpu = clean_gpu(0)
-    gpu["memory_used_mib"] = 3000
+    gpu["memory_used_mib"] = 5000
     gpu["processes"] = [{"pid": 10, "used_mib": 3000, "type": "compute", "exists": True},
                         {"pid": 10, "used_mib": 3000, "type": "graphics", "exists": True}]
-    assert _nvml.unattributed_mib(gpu) == 0
+    assert _nvml.unattributed_mib(gpu) == 2000
 
 
 def test_unattributed_unknown_when_a_visible_share_is_unknown():

@@ -129,7 +129,8 @@ def test_read_stat_keeps_a_comm_with_spaces_and_parentheses(started):
     started.append(proc)
     stat = _procs.read_stat(proc.pid)
     assert stat["comm"] == "a) (b c"
-    assert stat["ppid"] == os.getpid() and stat["state"] in "SR"
+    # Sleeping, or running for an instant; never "" or "SR", which a substring test would let pass.
+    assert stat["ppid"] == os.getpid() and stat["state"] in ("S", "R")
 
 
 def test_terminate_uses_sigterm_then_sigkill_for_an_ignorer(started):
