@@ -23,6 +23,8 @@ import threading
 import time
 import traceback
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem
+
 try:
     import pynvml
 except ImportError:
@@ -468,7 +470,7 @@ class NvmlSession(object):
         name, minor_number, and "unreachable" ({call, error, lost}) when NVML could not reach it,
         in index order, each GPU once. An index is resolved here, once: later reads go through
         the handle taken now. A UUID or PCI bus id of a GPU that is lost is pinned (and reported
-        lost under that name); one NVML does not know raises ValueError naming the GPUs there are."""
+        lost under that name); one NVML does not know raises InputProblem naming the GPUs there are."""
         return self._caller.run(lambda: self._select(list(selectors or [])))
 
     def _select(self, selectors):
@@ -481,7 +483,7 @@ class NvmlSession(object):
             parsed = parse_selector(selector)
             gpu = None if parsed is None or (parsed[0] == "index" and parsed[1] >= count) else self._pin(*parsed)
             if gpu is None:
-                raise ValueError(self._unknown(selector, count))
+                raise InputProblem(self._unknown(selector, count))
             pinned.append(gpu)
         return {"driver_version": driver, "count": count, "gpus": _unique(pinned)}
 
@@ -586,7 +588,7 @@ def unattributed_mib(gpu):
 def resolve_gpus(snap, selectors):
     """Indices for selectors (indices as int or digit strings, UUIDs or PCI bus ids); all when empty.
 
-    Needs a snapshot of every GPU. Raises ValueError naming the valid indices and UUIDs."""
+    Needs a snapshot of every GPU. Raises InputProblem naming the valid indices and UUIDs."""
     count = snap["count"]
     if not selectors:
         return list(range(count))
@@ -602,7 +604,7 @@ def resolve_gpus(snap, selectors):
                     index = gpu["index"]
         if index is None:
             valid = ", ".join("%s (%d)" % (gpu["uuid"], gpu["index"]) for gpu in snap["gpus"])
-            raise ValueError(
+            raise InputProblem(
                 "unknown GPU %r: this host has GPU indices %s and UUIDs %s"
                 % (selector, "0-%d" % (count - 1) if count else "(none)", valid or "(none)"))
         chosen.add(index)

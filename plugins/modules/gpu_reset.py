@@ -394,7 +394,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 try:
@@ -432,10 +432,6 @@ APPEARED_ACTION = ("appeared during the reset and still holds after %d rounds of
                    "(a supervisor or a restarting service), stop that, then run again")
 ROOT_NEEDED = ("gpu_reset needs root (become: true): without it, other users' GPU holders can be neither seen (their "
                "/proc/PID/maps) nor signalled; to stop only processes of your own, give users")
-
-
-class BadInput(Exception):
-    """A GPU selector we refuse once NVML or the device files say which GPUs exist."""
 
 
 def compile_pattern(pattern, own):
@@ -485,7 +481,7 @@ def input_problems(params):
         problems.extend("users: %r is not a user name or uid" % user for user in users if not user.strip())
     elif os.geteuid() != 0:
         problems.append(ROOT_NEEDED)
-    return problems
+    return [problem for problem in problems if problem]
 
 
 def device_files(globs):
@@ -509,21 +505,22 @@ def read_nvml():
 
 
 def select_gpus(selectors, snapshot, nvml_status, paths):
-    """The GPU indices to act on, or None for all."""
+    """The GPU indices to act on, or None for all; InputProblem for a GPU that NVML or the
+    device files say this host does not have."""
     if not selectors:
         return None
     if snapshot is not None:
         try:
             return set(_nvml.resolve_gpus(snapshot, [s.strip() for s in selectors]))
-        except ValueError as exc:
-            raise BadInput("gpus: %s" % exc)
+        except InputProblem as exc:
+            raise InputProblem("gpus: %s" % exc) from None
     valid = sorted(set(int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m))
     chosen = set()
     for selector in selectors:
         text = selector.strip()
         if not GPU_INDEX.fullmatch(text) or int(text) not in valid:
-            raise BadInput("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
-                           % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
+            raise InputProblem("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
+                               % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
         chosen.add(int(text))
     return chosen
 
@@ -912,8 +909,8 @@ def main():
     fail_on_problems(module, input_problems(module.params))
     try:
         result = run(module, started)
-    except BadInput as exc:
-        module.fail_json(msg=str(exc))
+    except InputProblem as exc:
+        fail_on_problems(module, [str(exc)])
     if result["survivors"]:
         lines = ["pid %d (%s) state %s mapping %s: %s" % (s["pid"], s["name"], s["state"], ", ".join(s["devices"]) or "no device",
                                                           s["action"]) for s in result["survivors"]]

@@ -272,7 +272,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
     HAS_PYNVML,
     PYNVML_IMPORT_ERROR,
@@ -504,7 +504,7 @@ def verify(params):
 
     Everything, nvmlInit included, ends by the deadline: O(timeout) after the start, or for
     timeout 0 (one read) call_timeout after it. Raises NvmlError (NVML unusable) and
-    ValueError (a GPU this host does not have)."""
+    InputProblem (a GPU this host does not have)."""
     start = time.monotonic()
     timeout = params["timeout"]
     budget = timeout if timeout > 0 else params["call_timeout"]
@@ -560,7 +560,9 @@ def main():
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     try:
         result = verify(module.params)
-    except (NvmlError, ValueError) as exc:
+    except InputProblem as exc:
+        fail_on_problems(module, [str(exc)], changed=False, ok=False)
+    except NvmlError as exc:
         module.fail_json(msg=str(exc), changed=False, ok=False)
     if result["ok"]:
         module.exit_json(**result)

@@ -323,6 +323,7 @@ def input_problems(params):
     """Every problem with the arguments as one sentence each; empty when they are usable."""
     problems = []
     if not params['paths'] and not params['modules']:
+        # required_one_of counts an option given as null or [] as given.
         problems.append('nothing to purge: give paths, modules or both')
     missing = []
     for path in params['paths'] or []:
@@ -522,6 +523,7 @@ def main():
             compare_code=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
             probe_timeout=dict(type='float', default=600),
         ),
+        required_one_of=[('paths', 'modules')],
         supports_check_mode=True,
     )
     started = time.monotonic()

@@ -568,6 +568,21 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
     assert os.path.exists(pyc)
 
 
+def test_neither_paths_nor_modules_is_refused_before_anything_runs(tmp_path):
+    """Both options left out: the argument spec's required_one_of refuses the task, in Ansible's
+    own words, before a probe runs."""
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    source.unlink()
+
+    result = purge({})
+
+    assert result["rc"] == 1 and result["failed"] is True
+    assert result["msg"] == "one of the following is required: paths, modules"
+    assert os.path.exists(pyc)
+
+
 # -- the probe's own failures are reported as what happened (issue 11) ------------------------
 
 def shell_wrapper(tmp_path, name, body):
