@@ -23,6 +23,7 @@ import threading
 import time
 import traceback
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem
 
 try:
@@ -232,23 +233,6 @@ def _init_error(exc):
     return NvmlError("nvmlInit failed: %s" % exc)
 
 
-def pid_exists(pid):
-    """True when pid is a live process in this PID namespace.
-
-    A zombie counts as gone: it holds no GPU memory, so NVML listing one means someone
-    else (typically a forked child) holds the memory."""
-    if not pid or pid < 0:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    # The state letter follows the command name, which is in parentheses and may hold spaces.
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
-
-
 def _mib(value):
     return None if value is None else int(value) // _MIB
 
@@ -406,8 +390,10 @@ class NvmlSession(object):
             found = self._on_gpu(call + "_v2", gpu, older, handle)
         except pynvml.NVMLError as exc:
             raise _GpuFailure(call, exc) from None
+        # "exists": a live process in this PID namespace. An exited one (a zombie) holds no GPU
+        # memory, so NVML listing it means someone else (typically a forked child) holds it.
         return [{"pid": int(proc.pid), "used_mib": _mib(proc.usedGpuMemory), "type": kind,
-                 "exists": pid_exists(int(proc.pid))} for proc in found]
+                 "exists": _procs.alive(int(proc.pid))} for proc in found]
 
     def _counters(self, gpu, handle):
         """Memory, processes and health counters of one GPU (None: 'Not Supported' there)."""

@@ -569,7 +569,7 @@ class Planner(object):
         """NVML lists this pid and it is the process NVML saw: alive, and started before the
         reading (a process that started after it took over a pid NVML still lists)."""
         stat = self.table.get(pid)
-        return (pid in self.listed_on and stat is not None and stat["state"] not in ("Z", "X")
+        return (pid in self.listed_on and stat is not None and stat["state"] not in _procs.EXITED
                 and stat["starttime"] < self.reading)
 
     def _listed_nvidia_maps(self):
@@ -679,7 +679,7 @@ class Planner(object):
         # describe a newcomer that reused the pid.
         stat = self.table.get(pid)
         verdict = None
-        if stat is None or stat["state"] in ("Z", "X"):
+        if stat is None or stat["state"] in _procs.EXITED:
             verdict = ("scope", None)
         elif pid == 1:
             verdict = ("protected", "pid 1")
@@ -746,6 +746,10 @@ class Planner(object):
                 and not (pid in self.mapped and self.holds_memory(pid))]
 
 
+# psutil gives what /proc/PID/stat does not: the full name of a process whose comm the kernel
+# cut to 15 bytes (from its argv[0]), and the owner's user name. Identity, parent and start
+# time come from _procs.read_stat, the reading that pins the process.
+
 def process_name(pid):
     try:
         return psutil.Process(pid).name()
@@ -773,14 +777,12 @@ def describe(planner, pid, reason, round_no):
     if now is None or now["starttime"] != planner.table[pid]["starttime"]:
         return None
     try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            info = {"pid": pid, "ppid": proc.ppid(), "name": printable(proc.name()),
-                    "create_time": round(proc.create_time(), 2)}
-            names = owner(pid)
-            info["user"] = printable(names[0]) if names else ""
+        name = psutil.Process(pid).name()
     except psutil.Error:
-        return None
+        return None  # gone since
+    names = owner(pid)
+    info = {"pid": pid, "ppid": now["ppid"], "name": printable(name), "create_time": round(_procs.start_time(now), 2),
+            "user": printable(names[0]) if names else ""}
     info["cmdline"] = printable(" ".join(planner.cmdline(pid)))
     info["gpus"] = sorted(planner.gpus_of(pid))
     info["devices"] = [printable(path) for path in planner.maps(pid)]

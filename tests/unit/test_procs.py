@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -201,3 +202,83 @@ def test_a_kernel_thread_is_what_the_kernel_flags_as_one(started):
     assert _procs.is_kernel_thread(kthreadd)
     # An ordinary process whose parent is pid 2 or whose pid is 2 is not one: only the flag counts.
     assert not _procs.is_kernel_thread(dict(_procs.read_stat(proc.pid), pid=2, ppid=2))
+
+
+# --- alive: the one liveness rule of gpu_reset, shm_clean and _nvml ----------------------
+
+def _zombie():
+    """A child that exited and is not reaped yet: the kernel shows it as state Z."""
+    proc = subprocess.Popen(["true"])
+    for _attempt in range(600):  # generous: the machine is shared
+        stat = _procs.read_stat(proc.pid)
+        if stat is not None and stat["state"] == "Z":
+            return proc
+        time.sleep(0.05)
+    proc.wait()
+    pytest.fail("child never became a zombie")
+
+
+def test_alive_for_a_live_a_zombie_and_a_reaped_process(started):
+    live = _start(SLEEP)
+    started.append(live)
+    zombie = _zombie()
+    try:
+        assert _procs.alive(live.pid) is True
+        assert _procs.alive(live.pid, _starttime(live.pid)) is True
+        assert _procs.alive(zombie.pid) is False  # exited: holds nothing any more
+    finally:
+        zombie.wait()
+    assert _procs.alive(zombie.pid) is False  # reaped: gone from /proc
+    assert _procs.alive(0) is False
+
+
+def test_alive_with_another_start_time_is_another_process(started):
+    live = _start(SLEEP)
+    started.append(live)
+    assert _procs.alive(live.pid, _starttime(live.pid) + 1) is False
+
+
+def test_alive_reads_the_state_after_the_last_parenthesis(started):
+    # comm may contain ') ' and a letter that looks like a state; the state after the last ')' counts.
+    proc = _start("import ctypes, time\nctypes.CDLL(None).prctl(15, b'x) Z y', 0, 0, 0)\nprint('ready', flush=True)\n"
+                  "time.sleep(600)")
+    started.append(proc)
+    assert _procs.read_stat(proc.pid)["comm"] == "x) Z y"
+    assert _procs.alive(proc.pid) is True
+
+
+def _fake_stat(proc, pid, state, starttime=500):
+    (proc / str(pid)).mkdir(parents=True)
+    fields = [state, "1"] + ["0"] * 17 + [str(starttime)] + ["0"] * 10
+    (proc / str(pid) / "stat").write_text("%d (name) %s\n" % (pid, " ".join(fields)))
+
+
+@pytest.mark.parametrize("state, expected", [("S", True), ("R", True), ("D", True), ("T", True),
+                                             ("Z", False), ("X", False), ("x", False)])
+def test_every_exited_state_counts_as_gone(tmp_path, state, expected):
+    proc = tmp_path / "proc"
+    _fake_stat(proc, 10, state)
+    assert _procs.alive(10, proc=str(proc)) is expected
+    assert _procs.alive(10, 500, proc=str(proc)) is expected
+    assert _procs.alive(10, 501, proc=str(proc)) is False
+
+
+def test_an_entry_that_cannot_be_read_counts_as_the_caller_says(tmp_path):
+    # /proc/PID exists but its stat cannot be read (hidepid=1, a security module); here a
+    # directory in its place, which open() refuses as root too. A cut-short stat is the same.
+    proc = tmp_path / "proc"
+    (proc / "10" / "stat").mkdir(parents=True)
+    (proc / "11").mkdir()
+    (proc / "11" / "stat").write_text("11 (cut")
+    for pid in (10, 11):
+        assert _procs.alive(pid, proc=str(proc)) is True
+        assert _procs.alive(pid, 500, proc=str(proc), unreadable=False) is False
+        assert _procs.read_stat(pid, proc=str(proc)) is None
+    assert _procs.alive(12, proc=str(proc)) is False  # no entry: no such process
+
+
+def test_start_time_is_psutils_create_time(started):
+    psutil = pytest.importorskip("psutil")
+    proc = _start(SLEEP)
+    started.append(proc)
+    assert _procs.start_time(_procs.read_stat(proc.pid)) == psutil.Process(proc.pid).create_time()
