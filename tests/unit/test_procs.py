@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+from tests.sim import procinfo
 
 HOLD_OPEN = """
 import sys, time
@@ -209,13 +209,10 @@ def test_a_kernel_thread_is_what_the_kernel_flags_as_one(started):
 def _zombie():
     """A child that exited and is not reaped yet: the kernel shows it as state Z."""
     proc = subprocess.Popen(["true"])
-    for _attempt in range(600):  # generous: the machine is shared
-        stat = _procs.read_stat(proc.pid)
-        if stat is not None and stat["state"] == "Z":
-            return proc
-        time.sleep(0.05)
-    proc.wait()
-    pytest.fail("child never became a zombie")
+    if not procinfo.wait_state(proc.pid, "Z"):
+        proc.wait()
+        pytest.fail("child never became a zombie")
+    return proc
 
 
 def test_alive_for_a_live_a_zombie_and_a_reaped_process(started):
