@@ -54,18 +54,18 @@ author:
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it NVML hints are skipped)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: RV(targets) lists what would be signalled; nothing is signalled.
+    details:
+      - RV(targets) lists what would be signalled; nothing is signalled.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The processes that map the device files, before and after.
+    details:
+      - The processes that map the device files, before and after.
   platform:
-    description: Target OS/families that can be operated against.
-    support: full
     platforms: posix
 notes:
   - Linux only (it reads C(/proc)).

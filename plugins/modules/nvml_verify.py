@@ -35,17 +35,21 @@ author:
 requirements:
   - nvidia-ml-py (import C(pynvml)) on the managed host
   - the NVIDIA driver and its C(libnvidia-ml.so.1)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Check mode runs the same read-only checks.
     support: full
+    details:
+      - Check mode runs the same read-only checks.
   diff_mode:
-    description: Nothing changes, so there is no diff.
     support: none
+    details:
+      - Nothing changes, so there is no diff.
   platform:
-    description: Linux hosts with the NVIDIA driver.
-    support: full
     platforms: posix
+    details:
+      - Linux hosts with the NVIDIA driver.
 options:
   gpus:
     description:
