@@ -37,7 +37,7 @@ PROC = "/proc"
 _DELETED = " (deleted)"
 
 
-class Wanted(object):
+class Wanted:
     """The files to look for: {name: inode} in one directory, on one device.
 
     device is (major, minor) as the kernel prints it for the directory's mount, or None to match
@@ -45,7 +45,7 @@ class Wanted(object):
     """
 
     def __init__(self, inodes, device):
-        self.by_inode = dict((ino, name) for name, ino in inodes.items())
+        self.by_inode = {ino: name for name, ino in inodes.items()}
         self.names = set(inodes)
         self.device = device
         if device is None:
@@ -126,7 +126,7 @@ def directory_device(dir_fd, proc=PROC):
     return device
 
 
-class _Mounts(object):
+class _Mounts:
     """Mount id -> device, per mount namespace (read once per namespace, not once per process)."""
 
     def __init__(self, proc):

@@ -101,7 +101,7 @@ def describe_gpu(gpu):
     return "%s (%s, %s)" % (name, gpu.get("uuid") or "UUID unknown", gpu.get("pci_bus_id") or "PCI bus id unknown")
 
 
-class Sink(object):
+class Sink:
     """Where a read job leaves each result as soon as it has it.
 
     When time runs out the waiting thread closes the sink and keeps what is there: a read
@@ -123,7 +123,7 @@ class Sink(object):
             return dict(self._items)
 
 
-class _BoundedCaller(object):
+class _BoundedCaller:
     """Runs NVML work in one daemon thread and gives up on any single NVML call that takes
     longer than call_timeout, or that is still running at the deadline.
 
@@ -294,7 +294,7 @@ class _GpuFailure(Exception):
         return {"call": self.call, "error": self.error, "lost": self.lost}
 
 
-class NvmlSession(object):
+class NvmlSession:
     """NVML initialised once, read many times, always shut down on close().
 
     nvml_verify polls through one session so each poll costs only the reads. Two ways to read:
@@ -428,7 +428,7 @@ class NvmlSession(object):
     def _read(self, gpus):
         driver = self._system("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
         count = int(self._system("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
-        wanted = list(range(count)) if gpus is None else sorted(set(int(i) for i in gpus))
+        wanted = list(range(count)) if gpus is None else sorted({int(i) for i in gpus})
         result = {"driver_version": _text(driver), "count": count, "gpus": [], "lost": []}
         for index in wanted:
             if index >= count:

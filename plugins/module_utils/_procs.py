@@ -100,64 +100,36 @@ def _wanted(paths):
     wanted = {}
     for path in paths:
         wanted[os.path.normpath(path)] = path
-    prefixes = sorted(set(os.path.join(os.path.dirname(p), "") for p in wanted))
+    prefixes = sorted({os.path.join(os.path.dirname(p), "") for p in wanted})
     needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in prefixes)) if prefixes else None
     return wanted, needle
 
 
-def _files_of(pid, wanted, needle, include_maps, proc):
-    """(wanted paths the process has open, wanted paths it has mapped), as given."""
+def _files_of(pid, wanted, needle, proc):
+    """(wanted paths the process has open, wanted paths it has mapped), as given.
+
+    Paths are compared as the kernel prints them, with a trailing " (deleted)" removed; a
+    process that vanished meanwhile, or whose entries may not be read, has none."""
     opened = set()
     for target in fd_targets(pid, proc):
         original = wanted.get(kernel_path(target))
         if original is not None:
             opened.add(original)
     mapped = set()
-    if include_maps:
-        found = _mapped_paths(pid, needle, proc)
-        if found is None:
-            found = [kernel_path(t) for t in _map_files_targets(pid, proc)]
-        for target in found:
-            original = wanted.get(target)
-            if original is not None:
-                mapped.add(original)
+    found = _mapped_paths(pid, needle, proc)
+    if found is None:
+        found = [kernel_path(t) for t in _map_files_targets(pid, proc)]
+    for target in found:
+        original = wanted.get(target)
+        if original is not None:
+            mapped.add(original)
     return opened, mapped
-
-
-def scan(paths, include_maps=True, proc=PROC):
-    """One pass over /proc: {pid: set of the given paths it has open (or mapped)}.
-
-    Paths are compared as the kernel prints them, with a trailing " (deleted)" removed.
-    Processes that vanish mid-scan and entries we may not read are skipped.
-    """
-    wanted, needle = _wanted(paths)
-    held = {}
-    if not wanted:
-        return held
-    for pid in _pids(proc):
-        opened, mapped = _files_of(pid, wanted, needle, include_maps, proc)
-        found = opened | mapped
-        if found:
-            held[pid] = found
-    return held
 
 
 def mapped_files(pid, needle, proc=PROC):
     """Every path the process maps, if any of them matches the bytes regex `needle` (else
     []): e.g. the NVIDIA device files of a process NVML lists, wherever they are mounted."""
     return _mapped_paths(pid, needle, proc) or []
-
-
-def holders_of(paths, include_maps=True):
-    """For each absolute path given, the sorted pids of live processes that have it open
-    (or mapped, with include_maps). One pass over /proc for all paths."""
-    result = dict((path, []) for path in paths)
-    for pid, found in scan(paths, include_maps=include_maps).items():
-        for path in found:
-            result[path].append(pid)
-    for pids in result.values():
-        pids.sort()
-    return result
 
 
 # --- the process table: one read of /proc/PID/stat per process ---------------------------
@@ -286,7 +258,7 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
         if stat is None:
             continue
         if wanted is not None:
-            stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, True, proc) if wanted else (set(), set())
+            stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, proc) if wanted else (set(), set())
         if with_cmdline:
             stat["cmdline"] = read_cmdline(pid, proc)
         if with_cmdline or (wanted and (stat["opened"] or stat["mapped"])):

@@ -514,7 +514,7 @@ def select_gpus(selectors, snapshot, nvml_status, paths):
             return set(_nvml.resolve_gpus(snapshot, [s.strip() for s in selectors]))
         except InputProblem as exc:
             raise InputProblem("gpus: %s" % exc) from None
-    valid = sorted(set(int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m))
+    valid = sorted({int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m})
     chosen = set()
     for selector in selectors:
         text = selector.strip()
@@ -537,7 +537,7 @@ def nvml_processes(snapshot):
     return found
 
 
-class Planner(object):
+class Planner:
     """Decides the targets from one pass over /proc (identity, open files, mappings and
     command line of each process read together) and the NVML reading taken before it."""
 
@@ -549,11 +549,11 @@ class Planner(object):
         self.users = set(params["users"]) if params["users"] is not None else None
         self.has_nvml = snapshot is not None
         self.listed_on = nvml_processes(snapshot)
-        self.used = dict((gpu["index"], gpu["memory_used_mib"]) for gpu in (snapshot or {}).get("gpus", []))
-        self.lost = set(gpu["index"] for gpu in (snapshot or {}).get("lost", []))
+        self.used = {gpu["index"]: gpu["memory_used_mib"] for gpu in (snapshot or {}).get("gpus", [])}
+        self.lost = {gpu["index"] for gpu in (snapshot or {}).get("lost", [])}
         self.reading = reading
         self.table = _procs.process_table(with_cmdline=bool(patterns), paths=paths)
-        self.mapped = dict((pid, sorted(stat["mapped"])) for pid, stat in self.table.items() if stat["mapped"])
+        self.mapped = {pid: sorted(stat["mapped"]) for pid, stat in self.table.items() if stat["mapped"]}
         self.elsewhere = self._listed_nvidia_maps()
         self.own = set(_procs.ancestors(os.getpid()))
         self.reasons = {}
@@ -579,7 +579,7 @@ class Planner(object):
         for pid in sorted(self.listed_on):
             if pid in self.mapped or not self.believed(pid):
                 continue
-            paths = sorted(set(p for p in _procs.mapped_files(pid, NVIDIA_IN_MAPS) if NVIDIA_DEVICE.search(p)))
+            paths = sorted({p for p in _procs.mapped_files(pid, NVIDIA_IN_MAPS) if NVIDIA_DEVICE.search(p)})
             stat = _procs.read_stat(pid)
             if paths and stat is not None and stat["starttime"] == self.table[pid]["starttime"]:
                 found[pid] = paths
@@ -589,7 +589,7 @@ class Planner(object):
         return self.mapped.get(pid) or self.elsewhere.get(pid, [])
 
     def mapped_gpus(self, pid):
-        return set(int(m.group(1)) for m in map(GPU_DEVICE.search, self.maps(pid)) if m)
+        return {int(m.group(1)) for m in map(GPU_DEVICE.search, self.maps(pid)) if m}
 
     def listed(self, pid):
         return set(self.listed_on[pid]) if self.believed(pid) else set()
@@ -799,7 +799,7 @@ def plan_targets(planner, round_no):
     """(targets as described, {pid: start time}) of one pass."""
     reasons = planner.plan()
     targets = [t for t in (describe(planner, pid, reasons[pid], round_no) for pid in sorted(reasons)) if t]
-    return targets, dict((t["pid"], planner.table[t["pid"]]["starttime"]) for t in targets)
+    return targets, {t["pid"]: planner.table[t["pid"]]["starttime"] for t in targets}
 
 
 def holders_text(held):
@@ -825,7 +825,7 @@ def stop(params, new_planner, targets, identity, result):
         outcome = _procs.terminate([(t["pid"], identity[t["pid"]]) for t in batch], params["grace_period"],
                                    params["kill_timeout"])
         signalled += outcome["signalled"]
-        by_pid = dict((t["pid"], t) for t in batch)
+        by_pid = {t["pid"]: t for t in batch}
         result["killed"].extend(dict(e, name=by_pid[e["pid"]]["name"]) for e in outcome["ended"])
         for pid in outcome["survivors"]:
             action = OTHER_ACTION % (params["kill_timeout"], pid)
@@ -879,7 +879,7 @@ def run(module, started):
     before = dict(planner.mapped)
     before_text = holders_text(before) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
-        after = dict((pid, devs) for pid, devs in before.items() if pid not in planner.reasons)
+        after = {pid: devs for pid, devs in before.items() if pid not in planner.reasons}
     else:
         after = stop(params, new_planner, targets, identity, result).mapped
     result["protected"] = [{"pid": pid, "name": printable(process_name(pid)), "reason": why}

@@ -438,7 +438,7 @@ def evaluate(gpus, count, params, unfinished=None):
     lasting = unfinished is not None
     reported = []
     for gpu in gpus:
-        view = dict((key, gpu.get(key)) for key in GPU_KEYS)
+        view = {key: gpu.get(key) for key in GPU_KEYS}
         view.update((key, gpu.get(key)) for key in READING_KEYS)
         view["processes"] = view["processes"] or []
         read = view["memory_used_mib"] is not None

@@ -430,7 +430,7 @@ def run_probe(module, python, request, timeout):
 
 def python_info(result):
     """The interpreter's facts from the probe's result (wire text), as returned."""
-    info = dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    info = {key: result.get(key) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix')}
     for key in ('executable', 'pycache_prefix'):
         info[key] = shown(info[key])
     return info
@@ -453,7 +453,7 @@ def local_names(result):
 
 def printable_items(items, keys):
     """Copies of items with the names under keys escaped for Ansible (see _text.printable)."""
-    return [dict(item, **dict((key, printable(item[key]) if item[key] is not None else None) for key in keys))
+    return [dict(item, **{key: printable(item[key]) if item[key] is not None else None for key in keys})
             for item in items]
 
 
@@ -494,7 +494,7 @@ def mirrors_of(prefix, directory):
     """Where importlib keeps the bytecode of directory's sources under PYTHONPYCACHEPREFIX (as given, as resolved)."""
     if not prefix:
         return set()
-    return set(_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory)))
+    return {_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory))}
 
 
 def remove(module, stale):

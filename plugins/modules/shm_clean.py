@@ -386,7 +386,7 @@ def survey(fd, base, params, now):
 def users_of(fd, candidates):
     """({name: sorted pids}, unreadable pids) for candidates a live process opens, maps, or (torch_<pid>_*) created."""
     # A symlink is removed as a link, so only regular files are asked about.
-    inodes = dict((name, st.st_ino) for name, full, st in candidates if stat.S_ISREG(st.st_mode))
+    inodes = {name: st.st_ino for name, full, st in candidates if stat.S_ISREG(st.st_mode)}
     found, unreadable = users(inodes, directory_device(fd)) if inodes else ({}, [])
     result = {}
     for name, full, st in candidates:
@@ -474,7 +474,7 @@ def clean(module, fd, base):
         'bytes_freed': sum(item['bytes'] for item in removed),
     }
     if module._diff:
-        gone = set(item['path'] for item in removed)
+        gone = {item['path'] for item in removed}
         prefix = printable(base.rstrip('/') + '/')
         shown = [printable(name) for name in names]
         result['diff'] = {

@@ -56,21 +56,27 @@ def _file(tmp_path, name, size=4096):
     return str(path)
 
 
+def _fake_stat(proc, pid, state="S", starttime=500):
+    """/proc/PID/stat in a /proc-shaped tree of the test's own."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    fields = [state, "1"] + ["0"] * 17 + [str(starttime)] + ["0"] * 10
+    (proc / str(pid) / "stat").write_text("%d (name) %s\n" % (pid, " ".join(fields)))
+
+
+def holders_of(paths, proc=_procs.PROC):
+    """{path: sorted pids that have it open or mapped}, from one pass of process_table."""
+    table = _procs.process_table(proc=proc, paths=paths)
+    return {path: sorted(pid for pid, stat in table.items() if path in stat["opened"] | stat["mapped"])
+            for path in paths}
+
+
 def test_open_file_holders_are_found_per_path(tmp_path, started):
     one, two, idle = _file(tmp_path, "one"), _file(tmp_path, "two"), _file(tmp_path, "idle")
     first = _start(HOLD_OPEN, one, two)
     second = _start(HOLD_OPEN, two)
     started.extend([first, second])
-    holders = _procs.holders_of([one, two, idle])
+    holders = holders_of([one, two, idle])
     assert holders == {one: [first.pid], two: sorted([first.pid, second.pid]), idle: []}
-
-
-def test_mapped_file_counts_only_with_include_maps(tmp_path, started):
-    mapped = _file(tmp_path, "mapped")
-    proc = _start(HOLD_MAPPED, mapped)
-    started.append(proc)
-    assert _procs.holders_of([mapped])[mapped] == [proc.pid]
-    assert _procs.holders_of([mapped], include_maps=False)[mapped] == []
 
 
 def test_deleted_file_still_matches_its_old_path(tmp_path, started):
@@ -79,7 +85,7 @@ def test_deleted_file_still_matches_its_old_path(tmp_path, started):
     mapper = _start(HOLD_MAPPED, mapped, "unlink")
     started.extend([holder, mapper])
     os.unlink(opened)
-    holders = _procs.holders_of([opened, mapped])
+    holders = holders_of([opened, mapped])
     assert holders == {opened: [holder.pid], mapped: [mapper.pid]}
 
 
@@ -88,12 +94,12 @@ def test_exited_process_is_no_holder(tmp_path, started):
     proc = _start(HOLD_OPEN, path)
     proc.kill()
     proc.wait()
-    assert _procs.holders_of([path])[path] == []
+    assert holders_of([path])[path] == []
 
 
 def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
-    # A /proc-shaped tree: one process holding the file, one that vanished (no fd dir, no
-    # maps), one whose descriptor link points elsewhere, and a non-numeric entry.
+    # A /proc-shaped tree: one process holding the file, one that vanished (no stat, no fd
+    # dir, no maps), one whose descriptor link points elsewhere, and a non-numeric entry.
     proc = tmp_path / "proc"
     target = "/dev/nvidia0"
     (proc / "10" / "fd").mkdir(parents=True)
@@ -103,7 +109,9 @@ def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
     (proc / "12" / "fd").mkdir(parents=True)
     os.symlink("/dev/null", proc / "12" / "fd" / "0")
     (proc / "self").mkdir()
-    assert _procs.scan([target], proc=str(proc)) == {10: {target}}
+    for pid in (10, 12):
+        _fake_stat(proc, pid)
+    assert holders_of([target], proc=str(proc)) == {target: [10]}
 
 
 IGNORE_TERM = """
@@ -242,12 +250,6 @@ def test_alive_reads_the_state_after_the_last_parenthesis(started):
     started.append(proc)
     assert _procs.read_stat(proc.pid)["comm"] == "x) Z y"
     assert _procs.alive(proc.pid) is True
-
-
-def _fake_stat(proc, pid, state, starttime=500):
-    (proc / str(pid)).mkdir(parents=True)
-    fields = [state, "1"] + ["0"] * 17 + [str(starttime)] + ["0"] * 10
-    (proc / str(pid) / "stat").write_text("%d (name) %s\n" % (pid, " ".join(fields)))
 
 
 @pytest.mark.parametrize("state, expected", [("S", True), ("R", True), ("D", True), ("T", True),
