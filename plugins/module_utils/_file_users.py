@@ -33,8 +33,7 @@ from __future__ import annotations
 import os
 import re
 
-PROC = "/proc"
-_DELETED = " (deleted)"
+from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import PROC, kernel_path
 
 
 class Wanted:
@@ -69,8 +68,8 @@ class Wanted:
         base = link.rpartition("/")[2]
         if base in self.names:
             return base
-        if base.endswith(_DELETED) and base[:-len(_DELETED)] in self.names:
-            return base[:-len(_DELETED)]
+        if kernel_path(base) in self.names:
+            return kernel_path(base)
         return None
 
 
