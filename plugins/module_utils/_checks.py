@@ -8,12 +8,21 @@
 Each module has input_problems(params) returning a list of sentences, one per bad value,
 computed before anything is read, signalled or removed; main() hands that list to
 fail_on_problems(), which fails the task with all of them and touches nothing. Types,
-choices and required/mutually exclusive options stay in the argument spec.
+choices and which options are required (required, required_one_of, mutually_exclusive) stay
+in the argument spec.
+
+A value that only the host can refuse (a GPU selector naming a GPU the host does not have)
+is found where the host is read, before anything is signalled or changed: it raises
+InputProblem there, and main() fails the task with it through fail_on_problems too.
 """
 
 from __future__ import annotations
 
 import math
+
+
+class InputProblem(ValueError):
+    """One sentence about an option value that the host refuses (see the module docstring)."""
 
 
 def number_problem(option, value, minimum=None, above=None, maximum=None, unit=""):

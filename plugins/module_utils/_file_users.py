@@ -33,11 +33,10 @@ from __future__ import annotations
 import os
 import re
 
-PROC = "/proc"
-_DELETED = " (deleted)"
+from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import PROC, kernel_path
 
 
-class Wanted(object):
+class Wanted:
     """The files to look for: {name: inode} in one directory, on one device.
 
     device is (major, minor) as the kernel prints it for the directory's mount, or None to match
@@ -45,7 +44,7 @@ class Wanted(object):
     """
 
     def __init__(self, inodes, device):
-        self.by_inode = dict((ino, name) for name, ino in inodes.items())
+        self.by_inode = {ino: name for name, ino in inodes.items()}
         self.names = set(inodes)
         self.device = device
         if device is None:
@@ -69,8 +68,8 @@ class Wanted(object):
         base = link.rpartition("/")[2]
         if base in self.names:
             return base
-        if base.endswith(_DELETED) and base[:-len(_DELETED)] in self.names:
-            return base[:-len(_DELETED)]
+        if kernel_path(base) in self.names:
+            return kernel_path(base)
         return None
 
 
@@ -126,7 +125,7 @@ def directory_device(dir_fd, proc=PROC):
     return device
 
 
-class _Mounts(object):
+class _Mounts:
     """Mount id -> device, per mount namespace (read once per namespace, not once per process)."""
 
     def __init__(self, proc):

@@ -23,6 +23,9 @@ import threading
 import time
 import traceback
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem
+
 try:
     import pynvml
 except ImportError:
@@ -98,7 +101,7 @@ def describe_gpu(gpu):
     return "%s (%s, %s)" % (name, gpu.get("uuid") or "UUID unknown", gpu.get("pci_bus_id") or "PCI bus id unknown")
 
 
-class Sink(object):
+class Sink:
     """Where a read job leaves each result as soon as it has it.
 
     When time runs out the waiting thread closes the sink and keeps what is there: a read
@@ -120,7 +123,7 @@ class Sink(object):
             return dict(self._items)
 
 
-class _BoundedCaller(object):
+class _BoundedCaller:
     """Runs NVML work in one daemon thread and gives up on any single NVML call that takes
     longer than call_timeout, or that is still running at the deadline.
 
@@ -230,23 +233,6 @@ def _init_error(exc):
     return NvmlError("nvmlInit failed: %s" % exc)
 
 
-def pid_exists(pid):
-    """True when pid is a live process in this PID namespace.
-
-    A zombie counts as gone: it holds no GPU memory, so NVML listing one means someone
-    else (typically a forked child) holds the memory."""
-    if not pid or pid < 0:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return False
-    # The state letter follows the command name, which is in parentheses and may hold spaces.
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
-
-
 def _mib(value):
     return None if value is None else int(value) // _MIB
 
@@ -308,7 +294,7 @@ class _GpuFailure(Exception):
         return {"call": self.call, "error": self.error, "lost": self.lost}
 
 
-class NvmlSession(object):
+class NvmlSession:
     """NVML initialised once, read many times, always shut down on close().
 
     nvml_verify polls through one session so each poll costs only the reads. Two ways to read:
@@ -404,8 +390,10 @@ class NvmlSession(object):
             found = self._on_gpu(call + "_v2", gpu, older, handle)
         except pynvml.NVMLError as exc:
             raise _GpuFailure(call, exc) from None
+        # "exists": a live process in this PID namespace. An exited one (a zombie) holds no GPU
+        # memory, so NVML listing it means someone else (typically a forked child) holds it.
         return [{"pid": int(proc.pid), "used_mib": _mib(proc.usedGpuMemory), "type": kind,
-                 "exists": pid_exists(int(proc.pid))} for proc in found]
+                 "exists": _procs.alive(int(proc.pid))} for proc in found]
 
     def _counters(self, gpu, handle):
         """Memory, processes and health counters of one GPU (None: 'Not Supported' there)."""
@@ -440,7 +428,7 @@ class NvmlSession(object):
     def _read(self, gpus):
         driver = self._system("nvmlSystemGetDriverVersion", pynvml.nvmlSystemGetDriverVersion)
         count = int(self._system("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
-        wanted = list(range(count)) if gpus is None else sorted(set(int(i) for i in gpus))
+        wanted = list(range(count)) if gpus is None else sorted({int(i) for i in gpus})
         result = {"driver_version": _text(driver), "count": count, "gpus": [], "lost": []}
         for index in wanted:
             if index >= count:
@@ -468,7 +456,7 @@ class NvmlSession(object):
         name, minor_number, and "unreachable" ({call, error, lost}) when NVML could not reach it,
         in index order, each GPU once. An index is resolved here, once: later reads go through
         the handle taken now. A UUID or PCI bus id of a GPU that is lost is pinned (and reported
-        lost under that name); one NVML does not know raises ValueError naming the GPUs there are."""
+        lost under that name); one NVML does not know raises InputProblem naming the GPUs there are."""
         return self._caller.run(lambda: self._select(list(selectors or [])))
 
     def _select(self, selectors):
@@ -481,7 +469,7 @@ class NvmlSession(object):
             parsed = parse_selector(selector)
             gpu = None if parsed is None or (parsed[0] == "index" and parsed[1] >= count) else self._pin(*parsed)
             if gpu is None:
-                raise ValueError(self._unknown(selector, count))
+                raise InputProblem(self._unknown(selector, count))
             pinned.append(gpu)
         return {"driver_version": driver, "count": count, "gpus": _unique(pinned)}
 
@@ -586,7 +574,7 @@ def unattributed_mib(gpu):
 def resolve_gpus(snap, selectors):
     """Indices for selectors (indices as int or digit strings, UUIDs or PCI bus ids); all when empty.
 
-    Needs a snapshot of every GPU. Raises ValueError naming the valid indices and UUIDs."""
+    Needs a snapshot of every GPU. Raises InputProblem naming the valid indices and UUIDs."""
     count = snap["count"]
     if not selectors:
         return list(range(count))
@@ -602,7 +590,7 @@ def resolve_gpus(snap, selectors):
                     index = gpu["index"]
         if index is None:
             valid = ", ".join("%s (%d)" % (gpu["uuid"], gpu["index"]) for gpu in snap["gpus"])
-            raise ValueError(
+            raise InputProblem(
                 "unknown GPU %r: this host has GPU indices %s and UUIDs %s"
                 % (selector, "0-%d" % (count - 1) if count else "(none)", valid or "(none)"))
         chosen.add(index)

@@ -2,13 +2,14 @@
 # Copyright (c) 2025, cleanslate.gpu maintainers
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Who holds what: the /proc scan shared by gpu_reset and shm_clean.
+"""Who holds what, and who is alive: the /proc reading of gpu_reset, shm_clean and _nvml.
 
 Private to this collection; the interface may change without notice.
 
 Everything here reads /proc directly with the standard library. Targets of open
 files are read with readlink and never stat'ed: stat on the target of a descriptor
-that points into a stuck network mount blocks the whole scan.
+that points into a stuck network mount blocks the whole scan. /proc/PID/stat is read
+in one place, read_stat; whether a process lives is decided in one place, alive.
 """
 
 from __future__ import annotations
@@ -99,46 +100,30 @@ def _wanted(paths):
     wanted = {}
     for path in paths:
         wanted[os.path.normpath(path)] = path
-    prefixes = sorted(set(os.path.join(os.path.dirname(p), "") for p in wanted))
+    prefixes = sorted({os.path.join(os.path.dirname(p), "") for p in wanted})
     needle = re.compile(b"|".join(re.escape(os.fsencode(p)) for p in prefixes)) if prefixes else None
     return wanted, needle
 
 
-def _files_of(pid, wanted, needle, include_maps, proc):
-    """(wanted paths the process has open, wanted paths it has mapped), as given."""
+def _files_of(pid, wanted, needle, proc):
+    """(wanted paths the process has open, wanted paths it has mapped), as given.
+
+    Paths are compared as the kernel prints them, with a trailing " (deleted)" removed; a
+    process that vanished meanwhile, or whose entries may not be read, has none."""
     opened = set()
     for target in fd_targets(pid, proc):
         original = wanted.get(kernel_path(target))
         if original is not None:
             opened.add(original)
     mapped = set()
-    if include_maps:
-        found = _mapped_paths(pid, needle, proc)
-        if found is None:
-            found = [kernel_path(t) for t in _map_files_targets(pid, proc)]
-        for target in found:
-            original = wanted.get(target)
-            if original is not None:
-                mapped.add(original)
+    found = _mapped_paths(pid, needle, proc)
+    if found is None:
+        found = [kernel_path(t) for t in _map_files_targets(pid, proc)]
+    for target in found:
+        original = wanted.get(target)
+        if original is not None:
+            mapped.add(original)
     return opened, mapped
-
-
-def scan(paths, include_maps=True, proc=PROC):
-    """One pass over /proc: {pid: set of the given paths it has open (or mapped)}.
-
-    Paths are compared as the kernel prints them, with a trailing " (deleted)" removed.
-    Processes that vanish mid-scan and entries we may not read are skipped.
-    """
-    wanted, needle = _wanted(paths)
-    held = {}
-    if not wanted:
-        return held
-    for pid in _pids(proc):
-        opened, mapped = _files_of(pid, wanted, needle, include_maps, proc)
-        found = opened | mapped
-        if found:
-            held[pid] = found
-    return held
 
 
 def mapped_files(pid, needle, proc=PROC):
@@ -147,40 +132,29 @@ def mapped_files(pid, needle, proc=PROC):
     return _mapped_paths(pid, needle, proc) or []
 
 
-def holders_of(paths, include_maps=True):
-    """For each absolute path given, the sorted pids of live processes that have it open
-    (or mapped, with include_maps). One pass over /proc for all paths."""
-    result = dict((path, []) for path in paths)
-    for pid, found in scan(paths, include_maps=include_maps).items():
-        for path in found:
-            result[path].append(pid)
-    for pids in result.values():
-        pids.sort()
-    return result
-
-
 # --- the process table: one read of /proc/PID/stat per process ---------------------------
 
 _PF_KTHREAD = 0x00200000  # include/linux/sched.h: this task is a kernel thread
 
+# States of a process that has exited and is still in /proc: a zombie (Z) waiting for its
+# parent to reap it, a dead task (X; x on kernels before 4.14) being torn down. It runs no
+# code and holds no file, mapping or GPU memory any more.
+EXITED = ("Z", "X", "x")
 
-def read_stat(pid, proc=PROC):
-    """{pid, comm, state, ppid, flags, starttime} from /proc/PID/stat, or None if gone.
 
-    starttime (clock ticks since boot) is the process's identity: a reused pid has another.
-    """
-    try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
+def _parse_stat(pid, proc):
+    """{pid, comm, state, ppid, flags, starttime} from /proc/PID/stat.
+
+    Raises what open and read raise (FileNotFoundError, or ProcessLookupError when the process
+    went between the two: there is no such process; PermissionError and other OSErrors: it
+    exists but may not be read), and ValueError for text the kernel does not write."""
+    with open("%s/%d/stat" % (proc, pid), "rb") as handle:
+        data = handle.read()
     # comm sits in parentheses and may itself contain ") ", so split at the last one.
     close = data.rfind(b")")
-    if close < 0:
-        return None
-    rest = data[close + 2:].split()
+    rest = data[close + 2:].split() if close >= 0 else []
     if len(rest) < 20:
-        return None
+        raise ValueError("/proc/%d/stat is cut short" % pid)
     return {
         "pid": pid,
         "comm": os.fsdecode(data[data.find(b"(") + 1:close]),
@@ -189,6 +163,36 @@ def read_stat(pid, proc=PROC):
         "flags": int(rest[6]),
         "starttime": int(rest[19]),
     }
+
+
+def read_stat(pid, proc=PROC):
+    """{pid, comm, state, ppid, flags, starttime} from /proc/PID/stat, or None if the process
+    is gone or its entry cannot be read: what is not read is never acted on.
+
+    starttime (clock ticks since boot) is the process's identity: a reused pid has another.
+    """
+    try:
+        return _parse_stat(pid, proc)
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid, starttime=None, proc=PROC, unreadable=True):
+    """Whether pid is a process that has not exited (its state is not in EXITED) and, with
+    starttime, the very process that started then (a reused pid has another start time).
+
+    An entry that exists but cannot be read (/proc mounted with hidepid=1, a security module)
+    returns `unreadable`: whether it lives is unknown, so the caller says which guess is safe.
+    The default, alive, is the safe side of every keep-or-remove decision (a segment whose
+    creator may live is kept; a target is not reported gone on a guess) and what NVML's
+    "exists" means (the pid is there). Sending a signal needs proof of identity: False."""
+    try:
+        stat = _parse_stat(pid, proc)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, ValueError):
+        return unreadable
+    return stat["state"] not in EXITED and (starttime is None or stat["starttime"] == starttime)
 
 
 def read_cmdline(pid, proc=PROC):
@@ -216,6 +220,21 @@ def is_kernel_thread(stat):
     return bool(stat["flags"] & _PF_KTHREAD)
 
 
+def boot_time(proc=PROC):
+    """When the system booted, in seconds since the epoch (btime in /proc/stat)."""
+    with open("%s/stat" % proc, "rb") as handle:
+        for line in handle:
+            if line.startswith(b"btime "):
+                return float(line.split()[1])
+    raise ValueError("%s/stat has no btime line" % proc)
+
+
+def start_time(stat, proc=PROC):
+    """When the process of this stat started, in seconds since the epoch (as ps and psutil
+    give it): its starttime in clock ticks since boot, plus the boot time."""
+    return stat["starttime"] / os.sysconf("SC_CLK_TCK") + boot_time(proc)
+
+
 def now_ticks():
     """The current time in the unit and clock of starttime in /proc/PID/stat (clock ticks
     since boot, CLOCK_BOOTTIME, which a time namespace offsets the same way): a process whose
@@ -239,7 +258,7 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
         if stat is None:
             continue
         if wanted is not None:
-            stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, True, proc) if wanted else (set(), set())
+            stat["opened"], stat["mapped"] = _files_of(pid, wanted, needle, proc) if wanted else (set(), set())
         if with_cmdline:
             stat["cmdline"] = read_cmdline(pid, proc)
         if with_cmdline or (wanted and (stat["opened"] or stat["mapped"])):
@@ -303,13 +322,14 @@ def name_is_protected(names, comm, protect):
 
 # --- signalling: TERM everything at once, wait, KILL what remains, wait ------------------
 
-class _Handle(object):
+class _Handle:
     """One target pinned to its identity.
 
     With pidfds (Linux >= 5.3, Python >= 3.9) the descriptor is opened first and the start
     time checked after, so every later signal reaches exactly this process or nobody, and
     poll() on the descriptors wakes us the moment a process exits (zombie included).
-    Without them we recheck the start time before each kill() and poll /proc.
+    Without them we recheck the start time before each kill() and poll /proc. A target whose
+    entry cannot be read is never signalled on a guess, nor counted gone on one.
     """
 
     def __init__(self, pid, starttime, proc=PROC):
@@ -329,20 +349,13 @@ class _Handle(object):
                 return
             except OSError:
                 self.pidfd = None  # kernel without pidfd support: fall back to kill()
-        stat = read_stat(pid, proc)
-        if stat is None or stat["starttime"] != starttime or stat["state"] in ("Z", "X"):
+        if not alive(pid, starttime, proc, unreadable=False):
             self.gone = True
             self.close()
 
     def pending(self):
         """Still to be waited for: not gone, and not refused a signal."""
         return not self.gone and self.error is None
-
-    def alive(self):
-        if self.gone:
-            return False
-        stat = read_stat(self.pid, self.proc)
-        return stat is not None and stat["starttime"] == self.starttime and stat["state"] not in ("Z", "X")
 
     def running(self):
         """Alive and runnable (state R): after SIGKILL, a process on its way out."""
@@ -357,7 +370,7 @@ class _Handle(object):
         try:
             if self.pidfd is not None:
                 signal.pidfd_send_signal(self.pidfd, signum)
-            elif self.alive():
+            elif alive(self.pid, self.starttime, self.proc, unreadable=False):
                 os.kill(self.pid, signum)
             else:
                 return False
@@ -391,7 +404,7 @@ def _wait(handles, deadline, started, clock):
         waiting = [h for h in handles if h.pending()]
         now = clock()
         for handle in waiting:
-            if not handle.alive():
+            if not alive(handle.pid, handle.starttime, handle.proc):
                 handle.gone = True
                 handle.gone_at = now - started
                 _reap(handle.pid)

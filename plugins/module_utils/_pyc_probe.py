@@ -61,8 +61,6 @@ RECHECK_WINDOW_NS = 0
 PARALLEL_MIN_ITEMS = 64
 MAX_WORKERS = 16
 
-OPT_LEVELS = {"": 0, "opt-1": 1, "opt-2": 2}
-
 # Finders every interpreter has; an unknown name lists only the others (editable installs...).
 STANDARD_FINDERS = ("BuiltinImporter", "FrozenImporter", "PathFinder")
 
@@ -156,7 +154,13 @@ def parse_pyc_name(name):
     """Split '<stem>.<tag>[.opt-N].pyc' into (stem, tag, opt), opt being '' or 'opt-N'.
 
     Returns None when the name carries no interpreter tag: importlib never loads such a file
-    from __pycache__, so it cannot be matched to an interpreter."""
+    from __pycache__, so it cannot be matched to an interpreter.
+
+    The inverse of importlib.util.cache_from_source, for every interpreter's tag. Not
+    importlib.util.source_from_cache, which answers otherwise for names that
+    cache_from_source writes or never writes: it refuses a stem with a dot in it
+    (py_compile and compileall name the bytecode of foo.bar.py foo.bar.cpython-311.pyc),
+    and takes mod.opt-1.pyc and .cpython-311.pyc for bytecode of mod.py and of .py."""
     if not name.endswith(".pyc"):
         return None
     base = name[:-4]
@@ -456,17 +460,27 @@ def not_found(name, parts, index, path, finders):
 
 
 def prefix_mirror(prefix, directory):
-    """Where importlib puts the bytecode of sources in `directory` when sys.pycache_prefix is set."""
+    """Where importlib puts the bytecode of sources in `directory` when sys.pycache_prefix is set.
+
+    The directory of importlib.util.cache_from_source(directory + '/x.py') for every directory
+    but '/' itself, where cache_from_source raises IndexError when the working directory is '/'
+    (the probe's) and otherwise names one under the working directory. The module computes its
+    own safety check with this function too, given the prefix the probe reported."""
     return os.path.join(prefix, os.path.abspath(directory).lstrip(os.sep))
 
 
-class Scan(object):
+class Scan:
     """One pass over the targets: finds every pyc, decides fresh/stale/other, reports problems."""
 
     def __init__(self, mode, compare_code):
         self.mode = mode
         self.compare_code = compare_code
         self.tag = sys.implementation.cache_tag
+        # What import appends to a source's stem to name its bytecode at each optimization
+        # level, '.cpython-311.pyc', '.cpython-311.opt-1.pyc'...: importlib.util.cache_from_source
+        # on a source anywhere but directly in '/' (see prefix_mirror).
+        self.levels = {os.path.basename(importlib.util.cache_from_source("/x/x.py", optimization=opt))[1:]: level
+                       for level, opt in ((0, ""), (1, 1), (2, 2))}
         self.magic = importlib.util.MAGIC_NUMBER
         self.prefix = getattr(sys, "pycache_prefix", None)
         self.suffixes = list(importlib.machinery.SOURCE_SUFFIXES)
@@ -611,7 +625,8 @@ class Scan(object):
     def find_source(self, source_dir, stem, names):
         """(source path, its stat, None) for the source importlib would load for stem in source_dir:
         the first suffix naming a regular file (symbolic links followed), as FileFinder requires.
-        Otherwise (expected path, None, what the first existing name is instead, or None)."""
+        Otherwise (expected path, None, what the first existing name is instead, or None).
+        (importlib.util.source_from_cache names the first suffix only, and looks at no file.)"""
         other = None
         for suffix in self.suffixes:
             candidate = os.path.join(source_dir, stem + suffix)
@@ -651,10 +666,11 @@ class Scan(object):
         if tag != self.tag:
             self.skipped.append({"pyc": pyc, "source": source, "reason": "compiled for {0}; this interpreter is {1}".format(tag, self.tag)})
             return
-        if opt not in OPT_LEVELS:
+        level = self.levels.get(os.path.basename(pyc)[len(stem):])
+        if level is None:
             self.skipped.append({"pyc": pyc, "source": source, "reason": "unknown optimization tag {0}".format(opt)})
             return
-        reason = self.header_verdict(pyc, source, source_stat, OPT_LEVELS[opt])
+        reason = self.header_verdict(pyc, source, source_stat, level)
         if reason:
             self.stale.append({"pyc": pyc, "source": source, "reason": reason})
 

@@ -54,18 +54,18 @@ author:
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it NVML hints are skipped)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
-    details: RV(targets) lists what would be signalled; nothing is signalled.
+    details:
+      - RV(targets) lists what would be signalled; nothing is signalled.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: The processes that map the device files, before and after.
+    details:
+      - The processes that map the device files, before and after.
   platform:
-    description: Target OS/families that can be operated against.
-    support: full
     platforms: posix
 notes:
   - Linux only (it reads C(/proc)).
@@ -394,7 +394,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 try:
@@ -432,10 +432,6 @@ APPEARED_ACTION = ("appeared during the reset and still holds after %d rounds of
                    "(a supervisor or a restarting service), stop that, then run again")
 ROOT_NEEDED = ("gpu_reset needs root (become: true): without it, other users' GPU holders can be neither seen (their "
                "/proc/PID/maps) nor signalled; to stop only processes of your own, give users")
-
-
-class BadInput(Exception):
-    """A GPU selector we refuse once NVML or the device files say which GPUs exist."""
 
 
 def compile_pattern(pattern, own):
@@ -485,7 +481,7 @@ def input_problems(params):
         problems.extend("users: %r is not a user name or uid" % user for user in users if not user.strip())
     elif os.geteuid() != 0:
         problems.append(ROOT_NEEDED)
-    return problems
+    return [problem for problem in problems if problem]
 
 
 def device_files(globs):
@@ -509,21 +505,22 @@ def read_nvml():
 
 
 def select_gpus(selectors, snapshot, nvml_status, paths):
-    """The GPU indices to act on, or None for all."""
+    """The GPU indices to act on, or None for all; InputProblem for a GPU that NVML or the
+    device files say this host does not have."""
     if not selectors:
         return None
     if snapshot is not None:
         try:
             return set(_nvml.resolve_gpus(snapshot, [s.strip() for s in selectors]))
-        except ValueError as exc:
-            raise BadInput("gpus: %s" % exc)
-    valid = sorted(set(int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m))
+        except InputProblem as exc:
+            raise InputProblem("gpus: %s" % exc) from None
+    valid = sorted({int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m})
     chosen = set()
     for selector in selectors:
         text = selector.strip()
         if not GPU_INDEX.fullmatch(text) or int(text) not in valid:
-            raise BadInput("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
-                           % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
+            raise InputProblem("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
+                               % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
         chosen.add(int(text))
     return chosen
 
@@ -540,7 +537,7 @@ def nvml_processes(snapshot):
     return found
 
 
-class Planner(object):
+class Planner:
     """Decides the targets from one pass over /proc (identity, open files, mappings and
     command line of each process read together) and the NVML reading taken before it."""
 
@@ -552,11 +549,11 @@ class Planner(object):
         self.users = set(params["users"]) if params["users"] is not None else None
         self.has_nvml = snapshot is not None
         self.listed_on = nvml_processes(snapshot)
-        self.used = dict((gpu["index"], gpu["memory_used_mib"]) for gpu in (snapshot or {}).get("gpus", []))
-        self.lost = set(gpu["index"] for gpu in (snapshot or {}).get("lost", []))
+        self.used = {gpu["index"]: gpu["memory_used_mib"] for gpu in (snapshot or {}).get("gpus", [])}
+        self.lost = {gpu["index"] for gpu in (snapshot or {}).get("lost", [])}
         self.reading = reading
         self.table = _procs.process_table(with_cmdline=bool(patterns), paths=paths)
-        self.mapped = dict((pid, sorted(stat["mapped"])) for pid, stat in self.table.items() if stat["mapped"])
+        self.mapped = {pid: sorted(stat["mapped"]) for pid, stat in self.table.items() if stat["mapped"]}
         self.elsewhere = self._listed_nvidia_maps()
         self.own = set(_procs.ancestors(os.getpid()))
         self.reasons = {}
@@ -572,7 +569,7 @@ class Planner(object):
         """NVML lists this pid and it is the process NVML saw: alive, and started before the
         reading (a process that started after it took over a pid NVML still lists)."""
         stat = self.table.get(pid)
-        return (pid in self.listed_on and stat is not None and stat["state"] not in ("Z", "X")
+        return (pid in self.listed_on and stat is not None and stat["state"] not in _procs.EXITED
                 and stat["starttime"] < self.reading)
 
     def _listed_nvidia_maps(self):
@@ -582,7 +579,7 @@ class Planner(object):
         for pid in sorted(self.listed_on):
             if pid in self.mapped or not self.believed(pid):
                 continue
-            paths = sorted(set(p for p in _procs.mapped_files(pid, NVIDIA_IN_MAPS) if NVIDIA_DEVICE.search(p)))
+            paths = sorted({p for p in _procs.mapped_files(pid, NVIDIA_IN_MAPS) if NVIDIA_DEVICE.search(p)})
             stat = _procs.read_stat(pid)
             if paths and stat is not None and stat["starttime"] == self.table[pid]["starttime"]:
                 found[pid] = paths
@@ -592,7 +589,7 @@ class Planner(object):
         return self.mapped.get(pid) or self.elsewhere.get(pid, [])
 
     def mapped_gpus(self, pid):
-        return set(int(m.group(1)) for m in map(GPU_DEVICE.search, self.maps(pid)) if m)
+        return {int(m.group(1)) for m in map(GPU_DEVICE.search, self.maps(pid)) if m}
 
     def listed(self, pid):
         return set(self.listed_on[pid]) if self.believed(pid) else set()
@@ -682,7 +679,7 @@ class Planner(object):
         # describe a newcomer that reused the pid.
         stat = self.table.get(pid)
         verdict = None
-        if stat is None or stat["state"] in ("Z", "X"):
+        if stat is None or stat["state"] in _procs.EXITED:
             verdict = ("scope", None)
         elif pid == 1:
             verdict = ("protected", "pid 1")
@@ -749,6 +746,10 @@ class Planner(object):
                 and not (pid in self.mapped and self.holds_memory(pid))]
 
 
+# psutil gives what /proc/PID/stat does not: the full name of a process whose comm the kernel
+# cut to 15 bytes (from its argv[0]), and the owner's user name. Identity, parent and start
+# time come from _procs.read_stat, the reading that pins the process.
+
 def process_name(pid):
     try:
         return psutil.Process(pid).name()
@@ -776,14 +777,12 @@ def describe(planner, pid, reason, round_no):
     if now is None or now["starttime"] != planner.table[pid]["starttime"]:
         return None
     try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            info = {"pid": pid, "ppid": proc.ppid(), "name": printable(proc.name()),
-                    "create_time": round(proc.create_time(), 2)}
-            names = owner(pid)
-            info["user"] = printable(names[0]) if names else ""
+        name = psutil.Process(pid).name()
     except psutil.Error:
-        return None
+        return None  # gone since
+    names = owner(pid)
+    info = {"pid": pid, "ppid": now["ppid"], "name": printable(name), "create_time": round(_procs.start_time(now), 2),
+            "user": printable(names[0]) if names else ""}
     info["cmdline"] = printable(" ".join(planner.cmdline(pid)))
     info["gpus"] = sorted(planner.gpus_of(pid))
     info["devices"] = [printable(path) for path in planner.maps(pid)]
@@ -800,7 +799,7 @@ def plan_targets(planner, round_no):
     """(targets as described, {pid: start time}) of one pass."""
     reasons = planner.plan()
     targets = [t for t in (describe(planner, pid, reasons[pid], round_no) for pid in sorted(reasons)) if t]
-    return targets, dict((t["pid"], planner.table[t["pid"]]["starttime"]) for t in targets)
+    return targets, {t["pid"]: planner.table[t["pid"]]["starttime"] for t in targets}
 
 
 def holders_text(held):
@@ -826,7 +825,7 @@ def stop(params, new_planner, targets, identity, result):
         outcome = _procs.terminate([(t["pid"], identity[t["pid"]]) for t in batch], params["grace_period"],
                                    params["kill_timeout"])
         signalled += outcome["signalled"]
-        by_pid = dict((t["pid"], t) for t in batch)
+        by_pid = {t["pid"]: t for t in batch}
         result["killed"].extend(dict(e, name=by_pid[e["pid"]]["name"]) for e in outcome["ended"])
         for pid in outcome["survivors"]:
             action = OTHER_ACTION % (params["kill_timeout"], pid)
@@ -880,7 +879,7 @@ def run(module, started):
     before = dict(planner.mapped)
     before_text = holders_text(before) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
-        after = dict((pid, devs) for pid, devs in before.items() if pid not in planner.reasons)
+        after = {pid: devs for pid, devs in before.items() if pid not in planner.reasons}
     else:
         after = stop(params, new_planner, targets, identity, result).mapped
     result["protected"] = [{"pid": pid, "name": printable(process_name(pid)), "reason": why}
@@ -912,8 +911,8 @@ def main():
     fail_on_problems(module, input_problems(module.params))
     try:
         result = run(module, started)
-    except BadInput as exc:
-        module.fail_json(msg=str(exc))
+    except InputProblem as exc:
+        fail_on_problems(module, [str(exc)])
     if result["survivors"]:
         lines = ["pid %d (%s) state %s mapping %s: %s" % (s["pid"], s["name"], s["state"], ", ".join(s["devices"]) or "no device",
                                                           s["action"]) for s in result["survivors"]]

@@ -35,17 +35,21 @@ author:
 requirements:
   - nvidia-ml-py (import C(pynvml)) on the managed host
   - the NVIDIA driver and its C(libnvidia-ml.so.1)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
-    description: Check mode runs the same read-only checks.
     support: full
+    details:
+      - Check mode runs the same read-only checks.
   diff_mode:
-    description: Nothing changes, so there is no diff.
     support: none
+    details:
+      - Nothing changes, so there is no diff.
   platform:
-    description: Linux hosts with the NVIDIA driver.
-    support: full
     platforms: posix
+    details:
+      - Linux hosts with the NVIDIA driver.
 options:
   gpus:
     description:
@@ -272,7 +276,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
     HAS_PYNVML,
     PYNVML_IMPORT_ERROR,
@@ -434,7 +438,7 @@ def evaluate(gpus, count, params, unfinished=None):
     lasting = unfinished is not None
     reported = []
     for gpu in gpus:
-        view = dict((key, gpu.get(key)) for key in GPU_KEYS)
+        view = {key: gpu.get(key) for key in GPU_KEYS}
         view.update((key, gpu.get(key)) for key in READING_KEYS)
         view["processes"] = view["processes"] or []
         read = view["memory_used_mib"] is not None
@@ -504,7 +508,7 @@ def verify(params):
 
     Everything, nvmlInit included, ends by the deadline: O(timeout) after the start, or for
     timeout 0 (one read) call_timeout after it. Raises NvmlError (NVML unusable) and
-    ValueError (a GPU this host does not have)."""
+    InputProblem (a GPU this host does not have)."""
     start = time.monotonic()
     timeout = params["timeout"]
     budget = timeout if timeout > 0 else params["call_timeout"]
@@ -560,7 +564,9 @@ def main():
         module.fail_json(msg=missing_required_lib("nvidia-ml-py"), exception=PYNVML_IMPORT_ERROR)
     try:
         result = verify(module.params)
-    except (NvmlError, ValueError) as exc:
+    except InputProblem as exc:
+        fail_on_problems(module, [str(exc)], changed=False, ok=False)
+    except NvmlError as exc:
         module.fail_json(msg=str(exc), changed=False, ok=False)
     if result["ok"]:
         module.exit_json(**result)

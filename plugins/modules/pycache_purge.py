@@ -323,6 +323,7 @@ def input_problems(params):
     """Every problem with the arguments as one sentence each; empty when they are usable."""
     problems = []
     if not params['paths'] and not params['modules']:
+        # required_one_of counts an option given as null or [] as given.
         problems.append('nothing to purge: give paths, modules or both')
     missing = []
     for path in params['paths'] or []:
@@ -429,7 +430,7 @@ def run_probe(module, python, request, timeout):
 
 def python_info(result):
     """The interpreter's facts from the probe's result (wire text), as returned."""
-    info = dict((key, result.get(key)) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'))
+    info = {key: result.get(key) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix')}
     for key in ('executable', 'pycache_prefix'):
         info[key] = shown(info[key])
     return info
@@ -452,7 +453,7 @@ def local_names(result):
 
 def printable_items(items, keys):
     """Copies of items with the names under keys escaped for Ansible (see _text.printable)."""
-    return [dict(item, **dict((key, printable(item[key]) if item[key] is not None else None) for key in keys))
+    return [dict(item, **{key: printable(item[key]) if item[key] is not None else None for key in keys})
             for item in items]
 
 
@@ -493,7 +494,7 @@ def mirrors_of(prefix, directory):
     """Where importlib keeps the bytecode of directory's sources under PYTHONPYCACHEPREFIX (as given, as resolved)."""
     if not prefix:
         return set()
-    return set(_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory)))
+    return {_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory))}
 
 
 def remove(module, stale):
@@ -522,6 +523,7 @@ def main():
             compare_code=dict(type='str', default='auto', choices=['auto', 'always', 'never']),
             probe_timeout=dict(type='float', default=600),
         ),
+        required_one_of=[('paths', 'modules')],
         supports_check_mode=True,
     )
     started = time.monotonic()

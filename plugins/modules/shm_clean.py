@@ -212,6 +212,7 @@ import stat
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import directory_device, users
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
@@ -271,21 +272,6 @@ def torch_creator(name):
         return None
     pid = int(match.group(1))
     return pid if pid > 0 else None
-
-
-def pid_alive(pid):
-    """True when pid is a live (not zombie) process. Reads only /proc/<pid>/stat; never signals."""
-    try:
-        with open('/proc/%d/stat' % pid, 'rb') as handle:
-            data = handle.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except OSError:
-        # Exists but unreadable: count it as alive, which keeps the segment.
-        return True
-    # The state follows the last ')' since the command name itself may hold ')'.
-    state = data[data.rfind(b')') + 2:data.rfind(b')') + 3]
-    return state not in (b'Z', b'X', b'x')
 
 
 def open_directory(path):
@@ -400,13 +386,14 @@ def survey(fd, base, params, now):
 def users_of(fd, candidates):
     """({name: sorted pids}, unreadable pids) for candidates a live process opens, maps, or (torch_<pid>_*) created."""
     # A symlink is removed as a link, so only regular files are asked about.
-    inodes = dict((name, st.st_ino) for name, full, st in candidates if stat.S_ISREG(st.st_mode))
+    inodes = {name: st.st_ino for name, full, st in candidates if stat.S_ISREG(st.st_mode)}
     found, unreadable = users(inodes, directory_device(fd)) if inodes else ({}, [])
     result = {}
     for name, full, st in candidates:
         pids = set(found.get(name) or [])
         creator = torch_creator(name)
-        if creator is not None and pid_alive(creator):
+        # A creator whose /proc entry cannot be read may live: alive() counts it so, and the segment stays.
+        if creator is not None and _procs.alive(creator):
             pids.add(creator)
         if pids:
             result[name] = sorted(pids)
@@ -487,7 +474,7 @@ def clean(module, fd, base):
         'bytes_freed': sum(item['bytes'] for item in removed),
     }
     if module._diff:
-        gone = set(item['path'] for item in removed)
+        gone = {item['path'] for item in removed}
         prefix = printable(base.rstrip('/') + '/')
         shown = [printable(name) for name in names]
         result['diff'] = {

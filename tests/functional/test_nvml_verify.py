@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.run_module import run_module
+from tests.sim import procinfo
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -229,9 +230,9 @@ def test_retired_pages_not_supported_is_not_a_failure(fake_nvml):
     assert all(gpu["retired_pages_pending"] is None for gpu in result["gpus"])
 
 
-def test_dead_pid_listed_with_live_forked_child(fake_nvml):
-    # The parent forks a child that keeps running, prints its pid and exits: NVML still
-    # lists the parent, while the child holds the memory.
+def fork_and_exit():
+    """(parent, its child's pid): the parent forks a child that keeps running, prints its pid
+    and exits; it is a zombie until the caller reaps it with parent.wait()."""
     parent = subprocess.Popen(
         [sys.executable, "-c",
          "import os, sys, time\n"
@@ -241,7 +242,13 @@ def test_dead_pid_listed_with_live_forked_child(fake_nvml):
          "else:\n"
          "    print(pid, flush=True)\n"],
         stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
+    return parent, int(parent.stdout.readline())
+
+
+def test_dead_pid_listed_with_live_forked_child(fake_nvml):
+    # The parent forks a child that keeps running, prints its pid and exits: NVML still
+    # lists the parent, while the child holds the memory.
+    parent, child = fork_and_exit()
     parent.wait()
     try:
         fake_nvml.register(child, 4, 3000, reported_pid=parent.pid)
@@ -256,6 +263,24 @@ def test_dead_pid_listed_with_live_forked_child(fake_nvml):
     assert "process %d (does not exist here, 3000 MiB)" % parent.pid in msg
     assert "died leaving a forked child" in msg
     assert "3000 MiB is memory used with no visible process" in msg
+
+
+def test_a_listed_pid_that_is_a_zombie_does_not_exist_here(fake_nvml):
+    # As above, but the parent is not reaped yet: /proc still has it, as a zombie, which holds
+    # no memory. It must not count as the process that accounts for the memory its child holds.
+    parent, child = fork_and_exit()
+    try:
+        assert procinfo.wait_state(parent.pid, "Z"), "the parent never became a zombie"
+        fake_nvml.register(child, 4, 3000, reported_pid=parent.pid)
+        result = verify(fake_nvml, timeout=0.2)
+        assert procinfo.state(parent.pid) == "Z"  # still a zombie while the module ran
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.wait()
+    gpu4 = result["gpus"][4]
+    assert gpu4["processes"] == [{"pid": parent.pid, "used_mib": 3000, "type": "compute", "exists": False}]
+    assert gpu4["unattributed_mib"] == 3000
+    assert "process %d (does not exist here, 3000 MiB)" % parent.pid in result["msg"]
 
 
 def test_allow_processes_with_a_higher_memory_limit_passes(fake_nvml, holders):

@@ -192,6 +192,28 @@ def test_fresh_bytecode_and_other_files_stay(tmp_path, python, compare_code):
         assert os.path.exists(path), path
 
 
+def test_bytecode_names_are_read_as_cache_from_source_writes_them(tmp_path):
+    """A source whose name holds a dot has bytecode named after its whole stem (py_compile writes
+    foo.bar.<tag>.pyc, which importlib.util.source_from_cache refuses): judged against foo.bar.py.
+    A name of this interpreter's tag with an optimization level import never writes is kept."""
+    site = tmp_path / "site"
+    make_package(site)
+    dotted, orphan = site / "pkg" / "foo.bar.py", site / "pkg" / "gone.too.py"
+    dotted.write_text(OLD)
+    orphan.write_text(OLD)
+    fresh, stale = compile_source(VENV_PY, dotted), compile_source(VENV_PY, orphan)
+    orphan.unlink()
+    odd_level = os.path.join(os.path.dirname(fresh), "mod.%s.opt-3.pyc" % tag_of(VENV_PY))
+    shutil.copy(compile_source(VENV_PY, site / "pkg" / "mod.py"), odd_level)
+
+    result = purge({"paths": [str(site)], "compare_code": "always"})
+
+    assert result["rc"] == 0, result
+    assert reasons(result) == {stale: "source missing"}
+    assert {item["pyc"]: item["reason"] for item in result["kept"]} == {odd_level: "unknown optimization tag opt-3"}
+    assert os.path.exists(fresh) and not os.path.exists(stale) and os.path.exists(odd_level)
+
+
 def test_bytecode_of_another_interpreter_is_kept_and_reported(tmp_path):
     site = tmp_path / "site"
     source = make_package(site)
@@ -565,6 +587,21 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
 
     assert result["rc"] == 1 and result["failed"] is True
     assert expected[1] in result["msg"]
+    assert os.path.exists(pyc)
+
+
+def test_neither_paths_nor_modules_is_refused_before_anything_runs(tmp_path):
+    """Both options left out: the argument spec's required_one_of refuses the task, in Ansible's
+    own words, before a probe runs."""
+    site = tmp_path / "site"
+    source = make_package(site)
+    pyc = compile_source(VENV_PY, source)
+    source.unlink()
+
+    result = purge({})
+
+    assert result["rc"] == 1 and result["failed"] is True
+    assert result["msg"] == "one of the following is required: paths, modules"
     assert os.path.exists(pyc)
 
 

@@ -53,6 +53,17 @@ def state(pid: int) -> str | None:
         return None
 
 
+def wait_state(pid: int, wanted: str, timeout: float = 30.0) -> bool:
+    """Wait until the process is in state `wanted` (e.g. "Z", not reaped yet); False if it
+    never was within timeout (generous: the machine is shared)."""
+    deadline = time.monotonic() + timeout
+    while state(pid) != wanted:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie (a zombie holds no files and no GPU memory)."""
     return state(pid) not in (None, "Z")

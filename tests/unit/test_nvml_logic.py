@@ -4,7 +4,6 @@ call, and the deadline over a whole job), the input checks, and the sentences ea
 produces from what was read."""
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 import time
@@ -145,28 +144,6 @@ def test_unattributed_unknown_when_a_visible_share_is_unknown():
     gpu["memory_used_mib"] = 3000
     gpu["processes"] = [{"pid": 10, "used_mib": None, "type": "compute", "exists": True}]
     assert _nvml.unattributed_mib(gpu) is None
-
-
-# ----- pid_exists -----
-
-def test_pid_exists_for_live_dead_and_zombie_processes():
-    live = subprocess.Popen(["sleep", "600"])
-    zombie = subprocess.Popen(["true"])
-    try:
-        assert _nvml.pid_exists(live.pid) is True
-        # Not reaped yet: wait until the kernel shows it as a zombie.
-        for _attempt in range(2000):
-            with open("/proc/%d/stat" % zombie.pid, "rb") as handle:
-                if handle.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    break
-            threading.Event().wait(0.01)
-        assert _nvml.pid_exists(zombie.pid) is False
-    finally:
-        live.kill()
-        live.wait()
-        zombie.wait()
-    assert _nvml.pid_exists(live.pid) is False
-    assert _nvml.pid_exists(0) is False
 
 
 # ----- the time bounds -----

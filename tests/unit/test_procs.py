@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+from tests.sim import procinfo
 
 HOLD_OPEN = """
 import sys, time
@@ -55,21 +56,27 @@ def _file(tmp_path, name, size=4096):
     return str(path)
 
 
+def _fake_stat(proc, pid, state="S", starttime=500):
+    """/proc/PID/stat in a /proc-shaped tree of the test's own."""
+    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+    fields = [state, "1"] + ["0"] * 17 + [str(starttime)] + ["0"] * 10
+    (proc / str(pid) / "stat").write_text("%d (name) %s\n" % (pid, " ".join(fields)))
+
+
+def holders_of(paths, proc=_procs.PROC):
+    """{path: sorted pids that have it open or mapped}, from one pass of process_table."""
+    table = _procs.process_table(proc=proc, paths=paths)
+    return {path: sorted(pid for pid, stat in table.items() if path in stat["opened"] | stat["mapped"])
+            for path in paths}
+
+
 def test_open_file_holders_are_found_per_path(tmp_path, started):
     one, two, idle = _file(tmp_path, "one"), _file(tmp_path, "two"), _file(tmp_path, "idle")
     first = _start(HOLD_OPEN, one, two)
     second = _start(HOLD_OPEN, two)
     started.extend([first, second])
-    holders = _procs.holders_of([one, two, idle])
+    holders = holders_of([one, two, idle])
     assert holders == {one: [first.pid], two: sorted([first.pid, second.pid]), idle: []}
-
-
-def test_mapped_file_counts_only_with_include_maps(tmp_path, started):
-    mapped = _file(tmp_path, "mapped")
-    proc = _start(HOLD_MAPPED, mapped)
-    started.append(proc)
-    assert _procs.holders_of([mapped])[mapped] == [proc.pid]
-    assert _procs.holders_of([mapped], include_maps=False)[mapped] == []
 
 
 def test_deleted_file_still_matches_its_old_path(tmp_path, started):
@@ -78,7 +85,7 @@ def test_deleted_file_still_matches_its_old_path(tmp_path, started):
     mapper = _start(HOLD_MAPPED, mapped, "unlink")
     started.extend([holder, mapper])
     os.unlink(opened)
-    holders = _procs.holders_of([opened, mapped])
+    holders = holders_of([opened, mapped])
     assert holders == {opened: [holder.pid], mapped: [mapper.pid]}
 
 
@@ -87,12 +94,12 @@ def test_exited_process_is_no_holder(tmp_path, started):
     proc = _start(HOLD_OPEN, path)
     proc.kill()
     proc.wait()
-    assert _procs.holders_of([path])[path] == []
+    assert holders_of([path])[path] == []
 
 
 def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
-    # A /proc-shaped tree: one process holding the file, one that vanished (no fd dir, no
-    # maps), one whose descriptor link points elsewhere, and a non-numeric entry.
+    # A /proc-shaped tree: one process holding the file, one that vanished (no stat, no fd
+    # dir, no maps), one whose descriptor link points elsewhere, and a non-numeric entry.
     proc = tmp_path / "proc"
     target = "/dev/nvidia0"
     (proc / "10" / "fd").mkdir(parents=True)
@@ -102,7 +109,9 @@ def test_vanished_and_odd_proc_entries_are_skipped(tmp_path):
     (proc / "12" / "fd").mkdir(parents=True)
     os.symlink("/dev/null", proc / "12" / "fd" / "0")
     (proc / "self").mkdir()
-    assert _procs.scan([target], proc=str(proc)) == {10: {target}}
+    for pid in (10, 12):
+        _fake_stat(proc, pid)
+    assert holders_of([target], proc=str(proc)) == {target: [10]}
 
 
 IGNORE_TERM = """
@@ -201,3 +210,74 @@ def test_a_kernel_thread_is_what_the_kernel_flags_as_one(started):
     assert _procs.is_kernel_thread(kthreadd)
     # An ordinary process whose parent is pid 2 or whose pid is 2 is not one: only the flag counts.
     assert not _procs.is_kernel_thread(dict(_procs.read_stat(proc.pid), pid=2, ppid=2))
+
+
+# --- alive: the one liveness rule of gpu_reset, shm_clean and _nvml ----------------------
+
+def _zombie():
+    """A child that exited and is not reaped yet: the kernel shows it as state Z."""
+    proc = subprocess.Popen(["true"])
+    if not procinfo.wait_state(proc.pid, "Z"):
+        proc.wait()
+        pytest.fail("child never became a zombie")
+    return proc
+
+
+def test_alive_for_a_live_a_zombie_and_a_reaped_process(started):
+    live = _start(SLEEP)
+    started.append(live)
+    zombie = _zombie()
+    try:
+        assert _procs.alive(live.pid) is True
+        assert _procs.alive(live.pid, _starttime(live.pid)) is True
+        assert _procs.alive(zombie.pid) is False  # exited: holds nothing any more
+    finally:
+        zombie.wait()
+    assert _procs.alive(zombie.pid) is False  # reaped: gone from /proc
+    assert _procs.alive(0) is False
+
+
+def test_alive_with_another_start_time_is_another_process(started):
+    live = _start(SLEEP)
+    started.append(live)
+    assert _procs.alive(live.pid, _starttime(live.pid) + 1) is False
+
+
+def test_alive_reads_the_state_after_the_last_parenthesis(started):
+    # comm may contain ') ' and a letter that looks like a state; the state after the last ')' counts.
+    proc = _start("import ctypes, time\nctypes.CDLL(None).prctl(15, b'x) Z y', 0, 0, 0)\nprint('ready', flush=True)\n"
+                  "time.sleep(600)")
+    started.append(proc)
+    assert _procs.read_stat(proc.pid)["comm"] == "x) Z y"
+    assert _procs.alive(proc.pid) is True
+
+
+@pytest.mark.parametrize("state, expected", [("S", True), ("R", True), ("D", True), ("T", True),
+                                             ("Z", False), ("X", False), ("x", False)])
+def test_every_exited_state_counts_as_gone(tmp_path, state, expected):
+    proc = tmp_path / "proc"
+    _fake_stat(proc, 10, state)
+    assert _procs.alive(10, proc=str(proc)) is expected
+    assert _procs.alive(10, 500, proc=str(proc)) is expected
+    assert _procs.alive(10, 501, proc=str(proc)) is False
+
+
+def test_an_entry_that_cannot_be_read_counts_as_the_caller_says(tmp_path):
+    # /proc/PID exists but its stat cannot be read (hidepid=1, a security module); here a
+    # directory in its place, which open() refuses as root too. A cut-short stat is the same.
+    proc = tmp_path / "proc"
+    (proc / "10" / "stat").mkdir(parents=True)
+    (proc / "11").mkdir()
+    (proc / "11" / "stat").write_text("11 (cut")
+    for pid in (10, 11):
+        assert _procs.alive(pid, proc=str(proc)) is True
+        assert _procs.alive(pid, 500, proc=str(proc), unreadable=False) is False
+        assert _procs.read_stat(pid, proc=str(proc)) is None
+    assert _procs.alive(12, proc=str(proc)) is False  # no entry: no such process
+
+
+def test_start_time_is_psutils_create_time(started):
+    psutil = pytest.importorskip("psutil")
+    proc = _start(SLEEP)
+    started.append(proc)
+    assert _procs.start_time(_procs.read_stat(proc.pid)) == psutil.Process(proc.pid).create_time()

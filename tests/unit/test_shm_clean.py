@@ -1,18 +1,13 @@
 """Pure logic of shm_clean: which names are selected, which patterns are refused, which torch
-creator a name carries, and whether that creator counts as alive (checked against real processes)."""
+creator a name carries (whether it lives is _procs.alive's, tested in test_procs)."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.run_module import ensure_collection_link
-from tests.sim import procinfo
 
 sys.path.insert(0, str(ensure_collection_link()))
 from ansible_collections.cleanslate.gpu.plugins.modules import shm_clean  # noqa: E402  pylint: disable=wrong-import-position
@@ -76,48 +71,6 @@ def test_defaults_are_valid_input():
 ])
 def test_torch_creator_pid_comes_from_the_name(name, pid):
     assert shm_clean.torch_creator(name) == pid
-
-
-def test_a_running_process_is_alive_and_a_reaped_one_is_not():
-    proc = subprocess.Popen(["sleep", "600"])
-    try:
-        assert shm_clean.pid_alive(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert not shm_clean.pid_alive(proc.pid)
-
-
-def test_a_zombie_is_not_alive():
-    proc = subprocess.Popen(["true"])
-    try:
-        for attempt in range(600):  # generous: the machine is shared
-            if procinfo.state(proc.pid) == "Z":
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("child never became a zombie")
-        assert not shm_clean.pid_alive(proc.pid)
-    finally:
-        proc.wait()
-
-
-def test_a_process_named_with_a_parenthesis_is_read_correctly(tmp_path):
-    # comm may contain ') ' and a letter that looks like a state; the state after the last ')' counts.
-    odd = tmp_path / "x) Z y"
-    odd.symlink_to(shutil.which("sleep"))
-    proc = subprocess.Popen([str(odd), "600"])
-    try:
-        for attempt in range(600):
-            if "x) Z" in Path("/proc/%d/stat" % proc.pid).read_text():
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the odd process name never showed in /proc")
-        assert shm_clean.pid_alive(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_freed_bytes_counts_allocated_space_of_the_last_name_only(tmp_path):
