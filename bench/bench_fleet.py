@@ -160,10 +160,13 @@ class Measured:
                 "load_1min": round(self.load, 2)}
 
 
-def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes", repo=REPO) -> dict:
-    """One cold reset.yml run on `limit`, measured, with figures from its fleet report and recap."""
+def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes", variant=None) -> dict:
+    """One cold reset.yml run on `limit`, measured, with figures from its fleet report and recap.
+    `variant`: {"repo": the checkout whose playbooks run, "env": more environment variables}."""
+    variant = variant or {}
+    repo = variant.get("repo") or REPO
     control = Path(tempfile.mkdtemp(prefix="cp-", dir=work))
-    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control))
+    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), **variant.get("env", {}))
     argv = [ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(fleet.inventory), "-l", limit,
             "--forks", str(forks), "-e", f"fleet_report_path={reports}"]
     log = work / f"{label}.log"
@@ -234,26 +237,29 @@ def median_run(runs: list) -> dict:
     return dict(runs[-1], **{key: round(statistics.median(run[key] for run in runs), 2) for key in keys})
 
 
-def measure(fleet, work: Path, forks=None, repeat=1, repos=(REPO,)) -> list:
-    """Every measurement on a booted fleet, for the playbooks of each checkout in `repos`
-    (taking turns, so that a change of load hits them alike); one JSON document per checkout."""
+def measure(fleet, work: Path, forks=None, repeat=1, variants=({},)) -> list:
+    """Every measurement on a booted fleet, for each variant ({"repo": a checkout whose
+    playbooks run, "env": environment variables such as ANSIBLE_STRATEGY}; {} is this
+    checkout as it is), the variants taking turns so that a change of load hits them alike;
+    one JSON document per variant."""
     hosts = len(fleet.hosts)
     forks = forks or hosts
     reports = work / "reports"
     first = next(iter(fleet.hosts))
-    runs = [{"crashed_1": [], "crashed": [], "clean": [], "ritual": []} for _repo in repos]
+    runs = [{"crashed_1": [], "crashed": [], "clean": [], "ritual": []} for _variant in variants]
     try:
         for index in range(repeat):
-            for repo, repo_runs in zip(repos, runs):
+            for variant, repo_runs in zip(variants, runs):
                 crash_all(fleet)
-                repo_runs["crashed_1"].append(reset(fleet, forks, reports, work, f"one-{index}", first, repo))
+                repo_runs["crashed_1"].append(reset(fleet, forks, reports, work, f"one-{index}", first, variant))
                 crash(fleet, first)
-                repo_runs["crashed"].append(reset(fleet, forks, reports, work, f"crashed-{index}", repo=repo))
-                repo_runs["clean"].append(reset(fleet, forks, reports, work, f"clean-{index}", repo=repo))
+                repo_runs["crashed"].append(reset(fleet, forks, reports, work, f"crashed-{index}", variant=variant))
+                repo_runs["clean"].append(reset(fleet, forks, reports, work, f"clean-{index}", variant=variant))
                 repo_runs["ritual"].append(ritual(fleet, crash_all(fleet), work))
     finally:
         uncrash_all(fleet)
-    return [dict(figures(repo_runs, hosts, forks), repo=str(repo)) for repo, repo_runs in zip(repos, runs)]
+    return [dict(figures(repo_runs, hosts, forks), repo=str(variant.get("repo") or REPO), env=variant.get("env", {}))
+            for variant, repo_runs in zip(variants, runs)]
 
 
 def figures(runs: dict, hosts: int, forks: int) -> dict:
@@ -328,6 +334,10 @@ def main(argv=None) -> int:
     parser.add_argument("--hosts", type=int, default=int(os.environ.get("FLEET_HOSTS") or DEFAULT_HOSTS))
     parser.add_argument("--forks", type=int, default=None, help="default: the number of hosts")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
+                        help="also measure another checkout's playbooks on the same fleet, taking turns")
+    parser.add_argument("--variant", metavar="NAME=VALUE[,NAME=VALUE]", action="append", default=[],
+                        help="also measure this checkout with these environment variables (ANSIBLE_STRATEGY=free)")
     args = parser.parse_args(argv)
     if not 1 <= args.hosts <= 200 or args.repeat < 1:
         parser.error("--hosts (FLEET_HOSTS) must be 1 to 200 and --repeat at least 1")
@@ -339,14 +349,19 @@ def main(argv=None) -> int:
                       copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
         fleet.up()
         try:
-            doc = measure(fleet, Path(tmp), forks=args.forks, repeat=args.repeat)[0]
+            variants = [{}] + [{"repo": Path(path).resolve()} for path in args.versus] + [
+                {"env": dict(item.split("=", 1) for item in spec.split(","))} for spec in args.variant]
+            docs = measure(fleet, Path(tmp), forks=args.forks, repeat=args.repeat, variants=variants)
         finally:
-            doc_boot = dict(fleet.timings)
+            boot = dict(fleet.timings)
             fleet.down()
-    doc["fleet_boot"] = doc_boot
-    doc["command"] = "FLEET_HOSTS=%d .venv/bin/python bench/bench_fleet.py --repeat %d" % (args.hosts, args.repeat)
-    (out / "fleet.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(table(doc))
+    doc = dict(docs[0], fleet_boot=boot, command=" ".join(["FLEET_HOSTS=%d" % args.hosts, ".venv/bin/python",
+                                                           "bench/bench_fleet.py"] + (argv or sys.argv[1:])),
+               variants=docs[1:])
+    (out / "fleet.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    for one in docs:
+        print("\n%s %s" % (one["repo"], " ".join("%s=%s" % item for item in one["env"].items())))
+        print(table(one))
     return 0
 
 
