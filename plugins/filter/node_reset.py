@@ -230,13 +230,13 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         error = str((failed_result or {}).get("msg", "failed"))
     now = time.time() if now is None else now
     started = float(started) if _as_number(started) is not None and math.isfinite(float(started)) else now
+    swept_clean = status == "swept-unreachable" and "survivors" in sweep and not sweep["survivors"]
     return {
         "host": host,
         "kind": kind,
         "status": status,
         # A swept container is ok when the sweep left no survivor.
-        "ok": status in ("ok", "clean") or (status == "swept-unreachable" and "survivors" in sweep
-                                             and not sweep["survivors"]),
+        "ok": status in ("ok", "clean") or swept_clean,
         "changed": any(bool(step.get("changed")) for step in (gpu_reset, shm, pycache, sweep))
         or bool(unit_done.get("stopped")),
         "failed_step": failed_step,

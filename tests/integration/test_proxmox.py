@@ -404,8 +404,8 @@ def test_the_first_check_of_a_container_waits_pve_sweep_after_and_the_check_afte
     finds the GPUs clean as soon as they are."""
     for name in HOSTS:
         path = controller / "inventory" / "host_vars" / f"{name}.yml"
-        path.write_text(yaml.safe_dump(dict(yaml.safe_load(path.read_text()), node_reset_nvml_verify_timeout=3600,
-                                             node_reset_pve_sweep_after=0)))
+        values = dict(yaml.safe_load(path.read_text()), node_reset_nvml_verify_timeout=3600, node_reset_pve_sweep_after=0)
+        path.write_text(yaml.safe_dump(values))
     proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset.yml")
     _assert_reset_through_pct(proc, report, crashed_pair)
 
