@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -25,37 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from tests.fixtures.fake_nvml import build_library  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, HOST_TESTS  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import Fleet  # noqa: E402  pylint: disable=wrong-import-position
+from bench.bench_fleet import GRACE, crash, ritual_script  # noqa: E402  pylint: disable=wrong-import-position
 
-GRACE = 3
 PLAYBOOK = [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml"]
-
-
-def crash(fleet, name):
-    root = fleet.hosts[name].shared / "sim"
-    fleet.run(name, ["python3", "-m", "tests.sim", "clean", "--root", str(root)], check=False,
-              env={"PYTHONPATH": HOST_PARENT})
-    fleet.run(name, ["systemctl", "stop", "crashed-server.service"], check=False)
-    fleet.spawn(name, "crashed-server", ["python3", "-m", "tests.sim", "crash", "--root", str(root), "--lib-dir",
-                                         HOST_NVML_LIB, "--python", "/usr/bin/python3"], cwd=HOST_PARENT, timeout=180)
-    manifest = json.loads((root / "manifest.json").read_text())
-    (fleet.inventory.parent / "host_vars").mkdir(exist_ok=True)
-    (fleet.inventory.parent / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump({
-        "node_reset_environment": manifest["nvml"]["env"],
-        "node_reset_gpu_reset_device_paths": manifest["device_paths"],
-        "node_reset_gpu_reset_cmdline_patterns": [manifest["api_server_pattern"]],
-        "node_reset_gpu_reset_grace_period": GRACE,
-        "node_reset_shm_clean_path": manifest["shm_dir"],
-        "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
-        "node_reset_pycache_purge_python": manifest["python"],
-    }))
-    return manifest
 
 
 def playbook(fleet, limit, reports):
@@ -72,14 +49,8 @@ def ritual(fleet, manifests):
     procs = []
     start = time.monotonic()
     for name, manifest in manifests.items():
-        devs = " ".join(shlex.quote(p) for p in manifest["device_files"])
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in manifest["nvml"]["env"].items())
-        script = (f"fuser -k -TERM {devs} >/dev/null 2>&1; sleep {GRACE}; fuser -k -KILL {devs} >/dev/null 2>&1; "
-                  f"pkill -KILL -f {shlex.quote(manifest['api_server_pattern'])}; "
-                  f"cd {shlex.quote(manifest['shm_dir'])} && rm -f -- nccl-* psm_* sem.mp-* sem.loky-* torch_* *vllm*; "
-                  f"find {shlex.quote(manifest['site_packages']['path'])} -name '*.pyc' -delete; "
-                  f"{env} python3 -c 'import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())'")
-        procs.append(subprocess.Popen(["ssh", *fleet.ssh_options(), f"root@{fleet.hosts[name].address}", script],
+        procs.append(subprocess.Popen(["ssh", *fleet.ssh_options(), f"root@{fleet.hosts[name].address}",
+                                       ritual_script(manifest)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for proc in procs:
         proc.wait()

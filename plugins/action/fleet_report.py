@@ -16,6 +16,7 @@ Python, once per host, instead of a Jinja expression per host that broke on a lo
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -33,6 +34,7 @@ ARGUMENT_SPEC = {
     "rows": {"type": "list", "elements": "dict", "default": []},
     "columns": {"type": "list", "elements": "dict", "default": []},
     "not_run": {"type": "str"},
+    "merge": {"type": "list", "elements": "path", "default": []},
 }
 RESULT_FACT = "node_reset_result"
 # Both end up in file names: no separators, no dot-dot.
@@ -214,6 +216,42 @@ def merge_rows(rows: list, extra: list) -> list:
     return rows
 
 
+def read_reports(patterns: list, kind: str) -> tuple:
+    """(rows, files) of the JSON reports that `patterns` (paths or globs) name, for a merge.
+
+    A host in several reports keeps the row of the newest report (by its time stamp; the later
+    file on a tie): a slice run again replaces its earlier run. Every report must be of `kind`."""
+    problems, files = [], []
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not found:
+            problems.append("merge: %s matches no file" % pattern)
+        files += [path for path in found if path not in files]
+    documents = []
+    for order, path in enumerate(files):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError) as exc:
+            problems.append("merge: cannot read the report %s: %s" % (path, exc))
+            continue
+        if not isinstance(document, Mapping) or not isinstance(document.get("hosts"), list) or not all(
+                isinstance(row, Mapping) and isinstance(row.get("host"), str) for row in document["hosts"]):
+            problems.append("merge: %s is not a fleet report (a JSON object whose hosts are rows with a host)" % path)
+        elif document.get("kind") != kind:
+            problems.append("merge: %s is a %s report, not %s" % (path, document.get("kind"), kind))
+        else:
+            documents.append((str(document.get("time") or ""), order, document))
+    if problems:
+        raise AnsibleActionFail("; ".join(problems))
+    rows = {}
+    for _time, _order, document in sorted(documents, key=lambda item: item[:2]):
+        for row in document["hosts"]:
+            rows.pop(row["host"], None)
+            rows[row["host"]] = dict(row)
+    return list(rows.values()), files
+
+
 def _cell(value) -> str:
     text = "" if value is None else str(value)
     return text.replace("|", "\\|").replace("\n", " ")
@@ -276,16 +314,19 @@ class ActionModule(ActionBase):
         check_args(args)
         stamp = args["stamp"] or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         hostvars = (task_vars or {}).get("hostvars") or {}
-        rows = []
+        rows, merged = read_reports(args["merge"], args["kind"])
         for host in args["hosts"]:
             facts = hostvars[host] if host in hostvars else {}
+            rows = [row for row in rows if row["host"] != host]
             rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN))
         rows = merge_rows(rows, args["rows"])
         base = os.path.join(args["dest"], "%s-%s" % (args["kind"], stamp))
         markdown = render_markdown(args["kind"], stamp, rows, args["columns"])
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        if merged:
+            document["merged_from"] = merged
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      rows=rows, changed=False)
+                      rows=rows, merged_from=merged, changed=False)
         if self._task.check_mode:
             return result
         try:

@@ -84,6 +84,20 @@ options:
     type: list
     elements: dict
     default: []
+  merge:
+    description:
+      - Fleet reports (JSON files written by this plugin, of the same O(kind)) whose rows become rows of this report,
+        for example those of C(--limit) slices run side by side or of the slices of an AWX sliced job. Paths or glob
+        patterns (C(reports/slice*/reset-*.json)).
+      - A host in several of them keeps the row of the newest report (by its time stamp, the later file on a tie), so
+        a slice run again replaces its earlier run; a host of O(hosts) gets the row built from its
+        C(node_reset_result) instead. The rows of O(rows) are added after.
+      - A pattern that matches no file, a file that is not such a report or a report of another kind fails the task
+        with one sentence each, and nothing is written.
+    type: list
+    elements: path
+    default: []
+    version_added: 0.2.0
   not_run:
     description:
       - Why a host of O(hosts) without C(node_reset_result) was not run, for its row (for example that the rollout
@@ -121,6 +135,14 @@ EXAMPLES = r"""
       - key: service
         title: service
   delegate_to: localhost
+  run_once: true
+
+- name: Merge the reports of slices run side by side into one fleet report
+  cleanslate.gpu.fleet_report:
+    dest: /srv/reports
+    kind: reset
+    merge:
+      - /srv/reports/slice*/reset-*.json
   run_once: true
 
 - name: Write a report from rows built elsewhere
@@ -161,6 +183,13 @@ rows:
             "mib_freed_per_gpu": {"0": 282500, "1": 282500}, "gpus_lost": [], "shm_bytes_freed": 1048576,
             "bytecode_removed": 1, "seconds": 4.2, "seconds_per_step": {"gpu_reset": 3.1, "nvml_verify": 0.4},
             "problems": []}]
+merged_from:
+  description: The report files of O(merge) whose rows were read, in the order read.
+  returned: always
+  type: list
+  elements: str
+  sample: [/srv/reports/slice1/reset-20261129T101500Z.json, /srv/reports/slice2/reset-20261129T101502Z.json]
+  version_added: 0.2.0
 markdown:
   description: The Markdown report, one list item per line.
   returned: always

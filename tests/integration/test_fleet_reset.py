@@ -163,3 +163,34 @@ def test_the_host_side_sweep_kills_one_containers_holders_and_spares_the_others(
     assert all(_alive(fleet, "node2", pid) for pid in _pids(crashed_fleet["node2"], "bystander", "persistenced"))
     for other in ("node1", "node3"):
         assert all(_alive(fleet, other, pid) for pid in _targets(crashed_fleet[other])), other
+
+
+def test_limit_slices_run_side_by_side_and_their_reports_merge_into_one(fleet, crashed_fleet, tmp_path):
+    """Two --limit slices of one fleet, run at once by two ansible-playbook processes (each with
+    its own main process, which is what bounds one run), each writing its own report; then
+    playbooks/merge_reports.yml makes one fleet report of the two."""
+    slices = {"slice1": "node1", "slice2": "node2:node3"}
+    procs = {name: subprocess.Popen([ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(fleet.inventory), "-l", limit,
+                                     "-e", f"fleet_report_path={tmp_path / name}"],
+                                    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, limit in slices.items()}
+    outputs = {name: proc.communicate(timeout=540)[0] for name, proc in procs.items()}
+    assert {name: proc.returncode for name, proc in procs.items()} == {"slice1": 0, "slice2": 0}, outputs
+    for name, hosts in (("slice1", ["node1"]), ("slice2", ["node2", "node3"])):
+        (report,) = (tmp_path / name).glob("reset-*.json")
+        assert [row["host"] for row in json.loads(report.read_text())["hosts"]] == hosts
+
+    merged = tmp_path / "merged"
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/merge_reports.yml", "-i", str(fleet.inventory),
+                           "-e", f"fleet_report_merge={tmp_path}/slice*/reset-*.json", "-e", f"fleet_report_path={merged}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    (report_file,) = merged.glob("reset-*.json")
+    document = json.loads(report_file.read_text())
+    assert document["merged_from"] == sorted(str(path) for path in tmp_path.glob("slice*/reset-*.json"))
+    rows = {row["host"]: row for row in document["hosts"]}
+    assert sorted(rows) == list(HOSTS)
+    for name, row in rows.items():
+        assert row["status"] == "ok" and row["killed"] == len(_targets(crashed_fleet[name])), row
+        assert all(not _alive(fleet, name, pid) for pid in _targets(crashed_fleet[name])), name
+    assert "| node3 | ok |" in proc.stdout and "3 hosts, 0 not ok." in proc.stdout

@@ -408,6 +408,21 @@ def test_a_non_root_user_with_sudo_for_pct_resets_with_pipelining_on(fleet, node
     assert {name: row["status"] for name, row in _rows(report).items()} == {name: "clean" for name in HOSTS}
 
 
+def test_the_first_check_of_a_container_waits_pve_sweep_after_and_the_check_after_the_sweep_the_timeout(
+        fleet, node, controller, crashed_pair):
+    """Each container's hidden holder keeps its GPU dirty for as long as it lives, so the first
+    check could only end at its timeout. With node_reset_nvml_verify_timeout at an hour, the
+    run ends (well inside the run's own limit) only because the first check waits
+    node_reset_pve_sweep_after (0: one read) before the node sweeps; the check after the sweep
+    finds the GPUs clean as soon as they are."""
+    for name in HOSTS:
+        path = controller / "inventory" / "host_vars" / f"{name}.yml"
+        values = dict(yaml.safe_load(path.read_text()), node_reset_nvml_verify_timeout=3600, node_reset_pve_sweep_after=0)
+        path.write_text(yaml.safe_dump(values))
+    proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset.yml")
+    _assert_reset_through_pct(proc, report, crashed_pair)
+
+
 def test_a_container_whose_monitor_died_is_unreachable_through_pct_and_swept_from_its_node(fleet, node, controller):
     """node2's monitor is killed: pct says it is not running, while its processes live on and
     hold its GPUs. Ansible cannot reach it; its node stops the holders in its cgroup only."""

@@ -1,8 +1,13 @@
 """The fleet report's Markdown, as an operator reads it after a run."""
 from __future__ import annotations
 
+import json
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, human_bytes, merge_rows,
-                                                                            render_markdown)
+                                                                            read_reports, render_markdown)
 
 
 def row(host, ok=True, status="ok", **values):
@@ -110,3 +115,41 @@ def test_added_rows_add_keys_append_problems_and_can_only_make_a_host_worse():
     assert "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds | service |" in text
     assert "| node1 | ok | 3 | 0 | 10 Bytes | 1 | 4.5 | ready |" in text
     assert "- node1 (ok): no /health" in text
+
+
+# ----- merging the reports of slices -----
+
+def write_report(path, kind, stamp, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": kind, "time": stamp, "hosts": rows}))
+    return path
+
+
+def test_slices_merge_into_one_report_and_a_slice_run_again_replaces_its_rows(tmp_path):
+    write_report(tmp_path / "slice1" / "reset-20261129T101500Z.json", "reset", "20261129T101500Z",
+                 [row("node1", ok=False, status="dirty"), row("node2")])
+    write_report(tmp_path / "slice2" / "reset-20261129T101502Z.json", "reset", "20261129T101502Z", [row("node3")])
+    # slice 1 again, later: its row for node1 wins wherever its file sorts.
+    write_report(tmp_path / "again" / "reset-20261129T103000Z.json", "reset", "20261129T103000Z", [row("node1")])
+    rows, files = read_reports([str(tmp_path / "*" / "reset-*.json")], "reset")
+    assert [(r["host"], r["status"]) for r in rows] == [("node2", "ok"), ("node3", "ok"), ("node1", "ok")]
+    assert files == sorted(str(p) for p in tmp_path.glob("*/reset-*.json"))
+
+
+def test_a_merge_refuses_what_is_not_a_report_of_its_kind_with_one_sentence_each(tmp_path):
+    verify = write_report(tmp_path / "verify-T.json", "verify", "T", [row("node1")])
+    broken = tmp_path / "reset-broken.json"
+    broken.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"kind": "reset", "hosts": [{"status": "ok"}]}))
+    with pytest.raises(AnsibleActionFail) as failure:
+        read_reports([str(verify), str(broken), str(other), str(tmp_path / "none-*.json")], "reset")
+    message = str(failure.value)
+    assert "none-*.json matches no file" in message
+    assert "cannot read the report %s" % broken in message
+    assert "%s is not a fleet report" % other in message
+    assert "%s is a verify report, not reset" % verify in message
+
+
+def test_nothing_to_merge_is_no_row():
+    assert read_reports([], "reset") == ([], [])

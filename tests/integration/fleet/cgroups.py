@@ -68,6 +68,25 @@ class Cgroup:
                     continue
         return found
 
+    def cpu_usec(self) -> int:
+        """CPU time used in this cgroup and below it since it was made (cgroup v2 cpu.stat,
+        which the kernel keeps without the cpu controller); 0 when it does not exist."""
+        try:
+            text = (self._v2() / "cpu.stat").read_text()
+        except FileNotFoundError:
+            return 0
+        return int(dict(line.split() for line in text.splitlines())["usage_usec"])
+
+    def join_function(self):
+        """A subprocess preexec_fn that moves the child into this cgroup before it execs."""
+        procs = [str(path / "cgroup.procs") for path, _is_v2 in self.dirs]
+
+        def join():
+            for path in procs:
+                with open(path, "w", encoding="ascii") as handle:
+                    handle.write(str(os.getpid()))
+        return join
+
     def kill(self, timeout: float = 20) -> bool:
         """SIGKILL everything below; True once it is empty. cgroup.kill (Linux 5.14+) is atomic;
         older kernels get a signal per process, repeated until nothing is left."""

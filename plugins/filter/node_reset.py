@@ -1,0 +1,262 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The node_reset role's two computations, in Python: the checks of its variables and its result.
+
+Both ran as Jinja in set_fact tasks: about 0.1 CPU-second of the controller per host each (a
+loop over nine number rules, then some twenty expressions over the step results), as much as
+a module run. Here they cost a few milliseconds, and the rules read as code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+
+# (variable, minimum, exclusive minimum, maximum, the rule in words); 0 is also allowed where
+# ZERO_ALLOWED says so. A number given with -e is a string: it is converted first.
+NUMBERS = (
+    ("node_reset_gpu_reset_grace_period", 0, None, 3600, "a number of seconds from 0 to 3600"),
+    ("node_reset_gpu_reset_kill_timeout", None, 0, 3600, "a number of seconds above 0, at most 3600"),
+    ("node_reset_shm_clean_min_age", 0, None, 31536000, "a number of seconds from 0 to 31536000 (a year)"),
+    ("node_reset_nvml_verify_expected_count", 0, None, 1024, "a GPU count from 0 (no check) to 1024"),
+    ("node_reset_nvml_verify_max_memory_used_mib", 0, None, 1048576, "a number of MiB from 0 to 1048576"),
+    ("node_reset_nvml_verify_timeout", 0, None, 86400, "a number of seconds from 0 to 86400"),
+    ("node_reset_nvml_verify_poll_interval", None, 0, 60, "a number of seconds above 0, at most 60"),
+    ("node_reset_pve_vmid", 100, None, 999999999, "0 (no container) or a vmid from 100 to 999999999"),
+    ("node_reset_pve_connect_timeout", 1, None, 3600, "a number of seconds from 1 to 3600"),
+    ("node_reset_pve_sweep_after", 0, None, 86400, "a number of seconds from 0 to 86400"),
+)
+ZERO_ALLOWED = ("node_reset_pve_vmid",)
+SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
+SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
+CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
+# The variables node_reset_problems reads, for the role to pass (tests compare the two lists).
+VARIABLES = tuple(rule[0] for rule in NUMBERS) + SELECTORS + (
+    "node_reset_nvml_verify_checks", "node_reset_gpu_reset_cgroup", "node_reset_gpu_reset_users",
+    "node_reset_pve_host")
+# The steps in the order they run, as registered by the role and named in node_reset_result.steps.
+STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
+# The steps whose "the host did not answer" counts, in the order they run.
+REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
+# systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
+UNIT_MISSING = "Could not find the requested service"
+
+
+def _to_json(value) -> str:
+    """The value as Ansible's to_json shows it (non-ASCII escaped)."""
+    return json.dumps(value, default=str)
+
+
+def _as_number(value):
+    """float(value), or None: a boolean, None, or anything float() refuses is no number."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _items(value) -> list:
+    """A list variable as Ansible reads `-e name=a,b`: a string is split at commas."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, Mapping) or not hasattr(value, "__iter__"):
+        return [value]
+    return list(value)
+
+
+def _text(value) -> str:
+    """Jinja's `string` filter."""
+    return value if isinstance(value, str) else str(value)
+
+
+def number_problems(values: Mapping) -> list:
+    problems = []
+    for name, minimum, above, maximum, rule in NUMBERS:
+        value = values.get(name)
+        number = _as_number(value)
+        # A NaN fails every comparison, so it fails the range like any other bad value.
+        good = number is not None and (
+            (name in ZERO_ALLOWED and number == 0)
+            or ((minimum is None or number >= minimum) and (above is None or number > above) and number <= maximum))
+        if not good:
+            problems.append("%s is %s: it must be %s." % (name, _to_json(value), rule))
+    return problems
+
+
+def input_problems(values: Mapping, pve_host_known=True) -> list:
+    problems = []
+    for name in SELECTORS:
+        bad = [item for item in map(_text, _items(values.get(name))) if not SELECTOR.match(item)]
+        if bad:
+            problems.append("%s has %s: a GPU is an index (a non-negative integer such as 0) or a UUID"
+                            " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_to_json, bad))))
+    checks = values.get("node_reset_nvml_verify_checks")
+    checks = _items(checks) if checks or isinstance(checks, str) else []
+    if not checks:
+        problems.append("node_reset_nvml_verify_checks is empty: give at least one of %s (with none, any GPU would"
+                        " pass)." % ", ".join(CHECKS))
+    unknown = [check for check in checks if check not in CHECKS]
+    if unknown:
+        problems.append("node_reset_nvml_verify_checks has %s: the checks are %s."
+                        % (", ".join(map(_to_json, unknown)), ", ".join(CHECKS)))
+    cgroup = values.get("node_reset_gpu_reset_cgroup")
+    if cgroup is not None and not _text(cgroup).strip():
+        problems.append("node_reset_gpu_reset_cgroup is %s: an empty cgroup text would match every process; leave"
+                        " it unset (null) for no cgroup limit." % _to_json(cgroup))
+    users = values.get("node_reset_gpu_reset_users")
+    if users is not None:
+        given = _items(users)
+        if not given or any(not _text(user).strip() for user in given):
+            problems.append("node_reset_gpu_reset_users is %s: an empty list or name would match no process; leave"
+                            " it unset (null) for any user." % _to_json(users))
+    host, vmid = values.get("node_reset_pve_host"), values.get("node_reset_pve_vmid")
+    host = "" if host is None else _text(host)
+    if (len(host) > 0) != ((_as_number(vmid) or 0) != 0):
+        problems.append("node_reset_pve_host (%s) and node_reset_pve_vmid (%s) must be given together."
+                        % (_to_json(host), _to_json(vmid)))
+    if host and not pve_host_known:
+        problems.append("node_reset_pve_host %s is not a host of the inventory." % _to_json(host))
+    return problems
+
+
+def node_reset_problems(values, pve_host_known=True):
+    """Why the role's variables cannot be used: one sentence per bad variable, [] when none.
+
+    `values` maps each name of VARIABLES to its value; `pve_host_known` says whether
+    node_reset_pve_host names a host of the inventory."""
+    if not isinstance(values, Mapping):
+        raise TypeError("node_reset_problems expects a mapping of the role's variables, got %s"
+                        % type(values).__name__)
+    return number_problems(values) + input_problems(values, bool(pve_host_known))
+
+
+# --- the result ---------------------------------------------------------------------------------
+
+def _step(steps: Mapping, name: str) -> Mapping:
+    value = steps.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(step: Mapping, key: str) -> list:
+    value = step.get(key)
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def unit_result(stop: Mapping, unit: str) -> dict:
+    """What happened to the unit, from systemd_service's result ({} when no unit was given)."""
+    if not unit or not stop or stop.get("skipped"):
+        return {}
+    missing = str(stop.get("msg") or "").startswith(UNIT_MISSING)
+    status = stop.get("status") if isinstance(stop.get("status"), Mapping) else {}
+    return {"name": unit, "found": not missing and not stop.get("unreachable"),
+            "was": status.get("ActiveState", "inactive"), "stopped": bool(stop.get("changed")),
+            "note": ("unit %s does not exist: skipped" % unit) if missing else ""}
+
+
+def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
+    if failed_step == "validate":
+        return "invalid"
+    if reach.get("unreachable"):
+        return "swept-unreachable"
+    if unreachable:
+        return "unreachable"
+    if failed_step:
+        return "failed at %s" % failed_step
+    if kind == "verify":
+        return "clean" if clean else "dirty"
+    return "ok" if verify.get("ok") else "dirty"
+
+
+def _would(gpu_reset, shm, pycache) -> list:
+    """What a read-only run found for a reset to do: the reasons a verified host is dirty."""
+    would = []
+    if _list(gpu_reset, "targets"):
+        would.append("a reset would stop %d process(es)" % len(_list(gpu_reset, "targets")))
+    if _list(shm, "removed"):
+        would.append("a reset would remove %d shared memory segment(s), %d bytes"
+                     % (len(_list(shm, "removed")), shm.get("bytes_freed") or 0))
+    if _list(pycache, "removed"):
+        would.append("a reset would remove %d bytecode file(s)" % len(_list(pycache, "removed")))
+    return would
+
+
+def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=None, failed_result=None,
+                      invalid=None, started=None, unit="", now=None):
+    """node_reset_result from the registered results of the steps (see docs/node_reset.md).
+
+    `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), gpu_reset,
+    shm_clean, pycache_purge, nvml_verify and pve_sweep to what each registered ({} for a
+    step that did not run). `failed_step` names the step that failed (`validate`: a variable
+    was refused, `invalid` lists why), `failed_result` is its result; `read_only` is true in
+    check mode and for kind `verify`; `started` is the role's start (seconds since the epoch).
+    """
+    if not isinstance(steps, Mapping):
+        raise TypeError("node_reset_result expects a mapping of the step results, got %s" % type(steps).__name__)
+    failed_step = failed_step or None
+    if failed_step == "validate":
+        # Nothing ran: whatever the registers hold is from an earlier run of the role.
+        steps = {}
+    reach, gpu_reset, sweep = _step(steps, "pve_reach"), _step(steps, "gpu_reset"), _step(steps, "pve_sweep")
+    shm, pycache, verify = _step(steps, "shm_clean"), _step(steps, "pycache_purge"), _step(steps, "nvml_verify")
+    unit_done = unit_result(_step(steps, "unit"), unit)
+    unreachable = ["unreachable: %s" % _step(steps, name).get("msg") for name in REACHING
+                   if _step(steps, name).get("unreachable")][:1]
+    clean = bool(verify.get("ok")) and not (_list(gpu_reset, "targets") or _list(shm, "removed")
+                                            or _list(pycache, "removed"))
+    status = _status(kind, failed_step, reach, unreachable, verify, clean)
+    if status == "invalid":
+        problems = [str(problem) for problem in invalid or []]
+    else:
+        problems = list(unreachable) + [str(problem) for problem in _list(verify, "problems")]
+        problems += [str(problem) for gpu in _list(verify, "gpus") if isinstance(gpu, Mapping)
+                     for problem in gpu.get("problems") or []]
+        if "gpus" not in verify and verify.get("msg"):
+            problems.append(str(verify["msg"]))
+        if status == "dirty" and read_only:
+            problems += _would(gpu_reset, shm, pycache)
+    if status == "unreachable" and not failed_step:
+        failed_step = "unreachable"
+    killed = _list(gpu_reset, "killed") + _list(sweep, "killed")
+    error = None
+    if failed_step not in (None, "validate", "unreachable"):
+        error = str((failed_result or {}).get("msg", "failed"))
+    now = time.time() if now is None else now
+    started = float(started) if _as_number(started) is not None and math.isfinite(float(started)) else now
+    swept_clean = status == "swept-unreachable" and "survivors" in sweep and not sweep["survivors"]
+    return {
+        "host": host,
+        "kind": kind,
+        "status": status,
+        # A swept container is ok when the sweep left no survivor.
+        "ok": status in ("ok", "clean") or swept_clean,
+        "changed": any(bool(step.get("changed")) for step in (gpu_reset, shm, pycache, sweep))
+        or bool(unit_done.get("stopped")),
+        "failed_step": failed_step,
+        # The failed step's own message; a refused variable or a host that did not answer is in `problems`.
+        "error": error,
+        "killed": killed,
+        # Read-only runs (check mode, verify) count what a reset would stop.
+        "killed_count": len(_list(gpu_reset, "targets")) if read_only else len(killed),
+        "shm_bytes_freed": shm.get("bytes_freed", 0),
+        "shm_removed": len(_list(shm, "removed")),
+        "bytecode_removed": len(_list(pycache, "removed")),
+        "problems": problems,
+        "unit": unit_done,
+        "seconds_total": round(now - started, 2),
+        "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in STEP_NAMES},
+    }
+
+
+class FilterModule:
+    """The node_reset role's checks and result."""
+
+    def filters(self):
+        return {"node_reset_problems": node_reset_problems, "node_reset_result": node_reset_result}

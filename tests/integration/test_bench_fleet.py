@@ -1,0 +1,33 @@
+"""The fleet bench's code (bench/bench_fleet.py) on the session's three hosts: every run it
+measures happens and cleans up after itself. The figures themselves live in `make bench`."""
+from __future__ import annotations
+
+import math
+
+from bench import bench_fleet
+
+
+def test_the_fleet_bench_measures_crashed_clean_and_ritual_runs_and_leaves_nothing_behind(fleet, tmp_path):
+    (doc,) = bench_fleet.measure(fleet, tmp_path, repeat=1)
+    runs = doc["median"]
+    assert doc["hosts"] == 3 and doc["forks"] == 3
+    # What each run did: the reset cleaned every crashed host, the second run had nothing to
+    # do, and the ritual's ssh commands ran on every host.
+    assert runs["crashed_1"]["statuses"] == ["ok"] and runs["crashed_1"]["killed"] > 0
+    assert runs["crashed"]["statuses"] == ["ok"] and runs["crashed"]["killed"] > runs["crashed_1"]["killed"]
+    assert runs["clean"]["statuses"] == ["ok"] and runs["clean"]["killed"] == 0
+    assert runs["ritual"]["statuses"] == [0, 0, 0]
+    for kind in ("crashed_1", "crashed", "clean"):
+        run = runs[kind]
+        assert 0 < run["main_cpu_s"] <= run["controller_cpu_s"], (kind, run)
+        assert run["hosts_cpu_s"] > 0 and run["tasks_per_host"] > run["skipped_per_host"], (kind, run)
+    assert runs["ritual"]["controller_cpu_s"] > 0
+    extrapolation = doc["extrapolation"]
+    assert math.isfinite(extrapolation["wall_s"]) and extrapolation["wall_s"] > extrapolation["host_module_s"]
+    assert {row["measure"] for row in doc["summary"]} >= {"reset.yml, 3 crashed hosts: wall",
+                                                          "3 crashed: controller CPU per host",
+                                                          "200 crashed hosts, 8 cores: wall (extrap.)"}
+    assert "| crashed | " in bench_fleet.table(doc)
+    # Its cgroup is gone (so are the ssh masters that were in it) and its host_vars are removed.
+    assert not any(path.exists() for path, _v2 in bench_fleet.Cgroup(f"{fleet.cgroup_top}/bench-controller").dirs)
+    assert not list((fleet.inventory.parent / "host_vars").glob("*.yml"))

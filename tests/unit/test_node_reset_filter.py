@@ -1,0 +1,213 @@
+"""node_reset's checks and result (cleanslate.gpu.node_reset_problems / node_reset_result), as
+the role and the fleet report use them. The playbook tests run the same filters end to end."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
+from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (VARIABLES, node_reset_problems,
+                                                                          node_reset_result)
+
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "node_reset"
+DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+
+
+def values(**changed):
+    base = {name: DEFAULTS[name] for name in VARIABLES}
+    base.update(changed)
+    return base
+
+
+def test_the_role_passes_every_variable_the_checks_read_and_only_those():
+    checked = ROLE_VARS["__node_reset_checked"]
+    assert sorted(checked) == sorted(VARIABLES)
+    assert all(text == "{{ %s }}" % name for name, text in checked.items())
+
+
+def test_the_defaults_pass():
+    assert node_reset_problems(values()) == []
+
+
+@pytest.mark.parametrize("name, value, shown", [
+    ("node_reset_gpu_reset_grace_period", float("nan"), "NaN"),
+    ("node_reset_gpu_reset_grace_period", "nan", '"nan"'),
+    ("node_reset_gpu_reset_grace_period", float("inf"), "Infinity"),
+    ("node_reset_gpu_reset_grace_period", -0.5, "-0.5"),
+    ("node_reset_gpu_reset_grace_period", 3600.5, "3600.5"),
+    ("node_reset_gpu_reset_grace_period", True, "true"),
+    ("node_reset_gpu_reset_grace_period", None, "null"),
+    ("node_reset_gpu_reset_grace_period", [3], "[3]"),
+    ("node_reset_gpu_reset_grace_period", "", '""'),
+    ("node_reset_gpu_reset_kill_timeout", 0, "0"),
+    ("node_reset_nvml_verify_poll_interval", "0", '"0"'),
+    ("node_reset_pve_sweep_after", -1, "-1"),
+    ("node_reset_pve_sweep_after", "1e300", '"1e300"'),
+    ("node_reset_pve_connect_timeout", 0, "0"),
+])
+def test_a_bad_number_gives_one_sentence_with_its_value_and_rule(name, value, shown):
+    problems = node_reset_problems(values(**{name: value}))
+    assert len(problems) == 1 and problems[0].startswith("%s is %s: it must be " % (name, shown)), problems
+    assert problems[0].endswith(".")
+
+
+@pytest.mark.parametrize("name, value", [
+    ("node_reset_gpu_reset_grace_period", "0"), ("node_reset_gpu_reset_grace_period", " 3600 "),
+    ("node_reset_gpu_reset_kill_timeout", 0.001), ("node_reset_pve_sweep_after", 0),
+    ("node_reset_pve_sweep_after", "86400"), ("node_reset_nvml_verify_expected_count", "8"),
+])
+def test_numbers_at_the_edges_and_numbers_given_as_strings_pass(name, value):
+    assert node_reset_problems(values(**{name: value})) == []
+
+
+def test_selectors_checks_and_scopes():
+    problems = node_reset_problems(values(
+        node_reset_gpu_reset_gpus="0,GPU-12345678-1234-1234-1234-123456789abc,x",
+        node_reset_nvml_verify_gpus=["\u00b2", 1, True], node_reset_nvml_verify_checks="memory,temperature",
+        node_reset_gpu_reset_cgroup=" ", node_reset_gpu_reset_users="root,"))
+    assert problems == [
+        'node_reset_gpu_reset_gpus has "x": a GPU is an index (a non-negative integer such as 0) or a UUID'
+        " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).",
+        'node_reset_nvml_verify_gpus has "\\u00b2", "True": a GPU is an index (a non-negative integer such as 0) or'
+        " a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).",
+        'node_reset_nvml_verify_checks has "temperature": the checks are memory, processes, count, ecc,'
+        " remapped_rows, retired_pages.",
+        'node_reset_gpu_reset_cgroup is " ": an empty cgroup text would match every process; leave it unset (null)'
+        " for no cgroup limit.",
+        'node_reset_gpu_reset_users is "root,": an empty list or name would match no process; leave it unset (null)'
+        " for any user."]
+    assert node_reset_problems(values(node_reset_nvml_verify_checks=[]))[0].startswith(
+        "node_reset_nvml_verify_checks is empty:")
+
+
+def test_a_proxmox_node_needs_its_vmid_and_a_place_in_the_inventory():
+    assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129)) == []
+    assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129), pve_host_known=False) == [
+        'node_reset_pve_host "pve1" is not a host of the inventory.']
+    assert node_reset_problems(values(node_reset_pve_vmid="129")) == [
+        'node_reset_pve_host ("") and node_reset_pve_vmid ("129") must be given together.']
+
+
+def test_not_a_mapping_is_a_type_error():
+    with pytest.raises(TypeError):
+        node_reset_problems(["node_reset_gpu_reset_grace_period"])
+    with pytest.raises(TypeError):
+        node_reset_result(None, "node1")
+
+
+# ----- the result -----
+
+GPU_CLEAN = {"index": 0, "uuid": "GPU-a", "memory_used_mib": 0, "problems": []}
+GPU_DIRTY = {"index": 0, "uuid": "GPU-a", "memory_used_mib": 9000, "problems": ["GPU 0 (GPU-a, 0:1): 9000 MiB used"]}
+SKIPPED = {"skipped": True, "changed": False}
+
+
+def steps(**changed):
+    base = {"pve_reach": {}, "deps": {}, "nvml_before": {}, "unit": {},
+            "gpu_reset": {"changed": True, "killed": [{"pid": 7}, {"pid": 8}], "targets": [{"pid": 7}, {"pid": 8}],
+                          "memory_before": [dict(GPU_CLEAN, memory_used_mib=80000)], "elapsed_s": 3.2},
+            "shm_clean": {"changed": True, "removed": [{"path": "/dev/shm/nccl-1"}], "bytes_freed": 4096},
+            "pycache_purge": SKIPPED,
+            "nvml_verify": {"ok": True, "gpus": [GPU_CLEAN], "count": 1, "problems": [], "waited_s": 0.4},
+            "pve_sweep": {}}
+    base.update(changed)
+    return base
+
+
+def test_a_reset_that_cleaned_the_node_and_its_report_row():
+    result = node_reset_result(steps(), "node1", started=100.0, now=104.256)
+    assert {key: result[key] for key in ("host", "kind", "status", "ok", "changed", "failed_step", "error",
+                                         "killed_count", "shm_bytes_freed", "shm_removed", "bytecode_removed",
+                                         "problems", "unit", "seconds_total")} == {
+        "host": "node1", "kind": "reset", "status": "ok", "ok": True, "changed": True, "failed_step": None,
+        "error": None, "killed_count": 2, "shm_bytes_freed": 4096, "shm_removed": 1, "bytecode_removed": 0,
+        "problems": [], "unit": {}, "seconds_total": 4.26}
+    assert sorted(result["steps"]) == ["gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
+                                       "shm_clean", "unit"]
+    row = host_row("node1", result)
+    assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 4.26
+    assert row["seconds_per_step"] == {"gpu_reset": 3.2, "nvml_verify": 0.4}
+
+
+def test_gpus_that_stay_dirty_say_why():
+    result = node_reset_result(steps(nvml_verify={"ok": False, "gpus": [GPU_DIRTY], "problems": ["count 1, not 2"]}),
+                               "node1")
+    assert result["status"] == "dirty" and not result["ok"]
+    assert result["problems"] == ["count 1, not 2", "GPU 0 (GPU-a, 0:1): 9000 MiB used"]
+
+
+def test_nvml_that_failed_outright_is_named_by_its_message():
+    result = node_reset_result(steps(nvml_verify={"failed": True, "msg": "NVML: driver not loaded"}), "node1")
+    assert result["status"] == "dirty" and result["problems"] == ["NVML: driver not loaded"]
+
+
+def test_a_refused_variable_reports_only_why_whatever_an_earlier_run_left():
+    result = node_reset_result(steps(), "node1", failed_step="validate", invalid=["x is -1: it must be ..."],
+                               failed_result={"msg": "node_reset: x is -1"})
+    assert result["status"] == "invalid" and result["problems"] == ["x is -1: it must be ..."]
+    assert not result["changed"] and result["killed"] == [] and result["error"] is None
+    assert all(step == {} for step in result["steps"].values())
+
+
+def test_a_failed_step_keeps_what_was_done_before_it():
+    result = node_reset_result(steps(shm_clean={"failed": True, "msg": "EROFS"}, nvml_verify={}), "node1",
+                               failed_step="shm_clean", failed_result={"msg": "EROFS"})
+    assert result["status"] == "failed at shm_clean" and result["error"] == "EROFS"
+    assert result["changed"] and result["killed_count"] == 2 and not result["ok"]
+
+
+def test_a_host_that_stopped_answering_is_unreachable_with_the_first_message():
+    unreachable = {"unreachable": True, "msg": "ssh: connect to host 10.0.0.3 port 22: No route to host"}
+    result = node_reset_result(steps(gpu_reset=unreachable, shm_clean=SKIPPED, nvml_verify=SKIPPED), "node3")
+    assert result["status"] == "unreachable" and result["failed_step"] == "unreachable"
+    assert result["problems"] == ["unreachable: ssh: connect to host 10.0.0.3 port 22: No route to host"]
+    assert result["error"] is None and not result["ok"]
+
+
+def test_a_swept_container_is_ok_only_when_the_sweep_left_nobody():
+    reach = {"unreachable": True, "msg": "timed out"}
+    swept = steps(pve_reach=reach, gpu_reset={}, shm_clean={}, nvml_verify={},
+                  pve_sweep={"changed": True, "killed": [{"pid": 70}], "survivors": []})
+    result = node_reset_result(swept, "ct129")
+    assert result["status"] == "swept-unreachable" and result["ok"] and result["killed_count"] == 1
+    assert result["problems"] == ["unreachable: timed out"]
+    swept["pve_sweep"] = {"changed": True, "killed": [], "survivors": [{"pid": 71}]}
+    assert not node_reset_result(swept, "ct129")["ok"]
+    swept["pve_sweep"] = {"failed": True, "msg": "no python on the node"}
+    assert not node_reset_result(swept, "ct129")["ok"]
+
+
+def test_a_verify_run_is_clean_only_when_a_reset_would_do_nothing():
+    would = steps(gpu_reset={"changed": False, "targets": [{"pid": 7}], "killed": []},
+                  shm_clean={"changed": False, "removed": [{"path": "x"}], "bytes_freed": 4096},
+                  pycache_purge={"changed": False, "removed": [{"path": "y.pyc"}]})
+    result = node_reset_result(would, "node1", kind="verify", read_only=True)
+    assert result["status"] == "dirty" and result["killed_count"] == 1 and not result["changed"]
+    assert result["problems"] == ["a reset would stop 1 process(es)",
+                                  "a reset would remove 1 shared memory segment(s), 4096 bytes",
+                                  "a reset would remove 1 bytecode file(s)"]
+    clean = steps(gpu_reset={"targets": []}, shm_clean={"removed": []})
+    assert node_reset_result(clean, "node1", kind="verify", read_only=True)["status"] == "clean"
+
+
+def test_the_unit_found_and_stopped_or_missing():
+    stopped = node_reset_result(steps(unit={"changed": True, "status": {"ActiveState": "active"}}), "n",
+                                unit="vllm.service")
+    assert stopped["unit"] == {"name": "vllm.service", "found": True, "was": "active", "stopped": True, "note": ""}
+    assert stopped["steps"]["unit"] == stopped["unit"] and stopped["changed"]
+    missing = node_reset_result(steps(unit={"failed": False, "failed_when_result": False,
+                                            "msg": "Could not find the requested service vllm.service: host"},
+                                      gpu_reset={"changed": False}, shm_clean={"changed": False}), "n",
+                                unit="vllm.service")
+    assert missing["unit"] == {"name": "vllm.service", "found": False, "was": "inactive", "stopped": False,
+                               "note": "unit vllm.service does not exist: skipped"}
+    assert not missing["changed"]
+
+
+def test_a_start_time_that_is_no_number_gives_zero_seconds():
+    assert node_reset_result(steps(), "n", started="soon", now=5.0)["seconds_total"] == 0.0
+    assert node_reset_result(steps(), "n", started=math.nan, now=5.0)["seconds_total"] == 0.0
