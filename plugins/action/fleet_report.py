@@ -20,7 +20,7 @@ from ansible.plugins.action import ActionBase
 
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
-    "kind": {"type": "str", "required": True, "choices": ["reset", "verify"]},
+    "kind": {"type": "str", "required": True, "choices": ["reset", "verify", "reset_and_serve"]},
     "stamp": {"type": "str", "required": True},
     "rows": {"type": "list", "elements": "dict", "required": True},
 }
@@ -38,21 +38,48 @@ def human_bytes(count) -> str:
 
 
 def render_markdown(kind: str, stamp: str, rows: list) -> str:
-    """The report as a Markdown table, then one line per host that is not ok, with why."""
+    """The report as a Markdown table, then one line per host that is not ok, with why. Rows
+    with a `service` (reset_and_serve) add the service columns."""
+    serving = any(row.get("service") for row in rows)
     lines = ["# Fleet %s report %s" % (kind, stamp), "",
-             "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds |"
+             + (SERVICE_HEADER if serving else ""),
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (SERVICE_ALIGN if serving else "")]
     for row in rows:
         lines.append("| %s | %s | %d | %d | %s | %d | %.1f |" % (
             row.get("host"), row.get("status"), int(row.get("killed") or 0), int(row.get("mib_freed") or 0),
             human_bytes(row.get("shm_bytes_freed")), int(row.get("bytecode_removed") or 0),
-            float(row.get("seconds") or 0)))
-    bad = [row for row in rows if not row.get("ok")]
+            float(row.get("seconds") or 0)) + (service_cells(row.get("service") or {}) if serving else ""))
+    bad = [row for row in rows if not row.get("ok") or service_trouble(row)]
     lines += ["", "%d hosts, %d not ok." % (len(rows), len(bad))]
     for row in bad:
-        lines.append("- %s (%s): %s" % (row.get("host"), row.get("status"),
-                                        "; ".join(row.get("problems") or []) or "no details"))
+        problems = list(row.get("problems") or []) if not row.get("ok") else []
+        if service_trouble(row):
+            problems.append("service %s: %s" % (row["service"].get("status"), row["service"].get("reason") or "no details"))
+        lines.append("- %s (%s): %s" % (row.get("host"), row.get("status"), "; ".join(problems) or "no details"))
     return "\n".join(lines) + "\n"
+
+
+SERVICE_HEADER = " engine | ready s | first completion ms | acceptance | service |"
+SERVICE_ALIGN = " --- | ---: | ---: | ---: | --- |"
+
+
+def service_trouble(row) -> bool:
+    """A served host that is not ready (degraded or failed) is listed with its reason."""
+    return bool(row.get("service")) and row["service"].get("status") not in ("ready", "check")
+
+
+def service_cells(service: dict) -> str:
+    """engine, ready s, first completion ms, acceptance rate, status: the inference_service_result's."""
+    def number(value, spec):
+        return "-" if value is None or value == "" else spec % float(value)
+    if not service:
+        return " - | - | - | - | - |"
+    engine = " ".join(str(part) for part in (service.get("engine"), service.get("engine_version")) if part)
+    rate = service.get("acceptance_rate")
+    return " %s | %s | %s | %s | %s |" % (
+        engine or "-", number(service.get("ready_s"), "%.1f"), number(service.get("first_completion_ms"), "%.0f"),
+        "-" if rate is None or rate == "" else "%.0f%%" % (float(rate) * 100), service.get("status") or "-")
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -44,7 +44,7 @@ options:
     description: Which run the report is of; the first part of the file names.
     type: str
     required: true
-    choices: [reset, verify]
+    choices: [reset, verify, reset_and_serve]
   stamp:
     description: Time stamp of the run, the second part of the file names, for example C(20261129T101500Z).
     type: str
@@ -53,6 +53,9 @@ options:
     description:
       - One dictionary per host. The Markdown table reads C(host), C(status), C(ok), C(killed), C(mib_freed),
         C(shm_bytes_freed), C(bytecode_removed), C(seconds) and C(problems); the JSON keeps every key.
+      - A row with a non-empty C(service) (the C(inference_service_result) of C(cleanslate.gpu.reset_and_serve)) adds
+        the service columns (engine, ready s, first completion ms, acceptance, service status), and a service that is
+        not V(ready) lists the host with the service's reason.
     type: list
     elements: dict
     required: true
