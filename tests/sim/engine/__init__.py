@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import cli, gpus, server, settings as settings_mod
+from .. import procinfo
 
 DEFAULTS = {  # what the engines use when a flag is not given
     "vllm": {"port": 8000, "host": "0.0.0.0", "fraction": 0.92, "workers": "VLLM::Worker_TP"},
@@ -118,7 +119,7 @@ def main(engine: str, argv: list, env=None) -> int:
         workers.start(DEFAULTS[engine]["workers"], indices, mib, str(conf["dev_dir"]), nvml,
                       env.get("STANDIN_SHM_DIR", ""), conf["fault"] == "orphan_workers",
                       conf["fault"] == "ignore_sigterm")
-        info["worker_pids"] = workers.pids
+        info["workers"] = [{"pid": pid, "create_time": procinfo.create_time(pid)} for pid in workers.pids]
         info["gpus"] = indices
         started = time.monotonic()
         while conf["fault"] == "never_ready" or time.monotonic() - started < conf["load_s"]:
