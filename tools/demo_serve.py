@@ -79,7 +79,9 @@ def show_node(fleet) -> None:
 
 
 def playbook(fleet, vars_file: Path, reports: Path) -> int:
-    cmd = ["ansible-playbook", "playbooks/reset_and_serve.yml", "-i", str(fleet.inventory), "-l", "gpu_nodes",
+    # `make demo` puts the venv first on PATH; run directly, the venv's own ansible-playbook.
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    cmd = [str(beside) if beside.exists() else "ansible-playbook", "playbooks/reset_and_serve.yml", "-i", str(fleet.inventory), "-l", "gpu_nodes",
            "-e", "@%s" % vars_file, "-e", "fleet_report_path=%s" % reports]
     print("\n$ " + " ".join(cmd), flush=True)
     return subprocess.run(cmd, cwd=REPO, check=False).returncode
