@@ -261,6 +261,11 @@ def test_orphan_workers_keep_the_gpus_after_the_api_server_dies(node):
         assert all(procinfo.same_process(w["pid"], w["create_time"]) for w in workers)
         assert len(list(node["tmp"].glob("nccl-standin-*"))) == 2
         assert {r["pid"] for r in node["nvml"].registrations()} == {w["pid"] for w in workers}
+        # gpu_reset stops them with SIGTERM, as it stops a real worker: no wait for the grace period.
+        result = run_module("gpu_reset", {"device_paths": [str(node["dev"] / "nvidia*")], "grace_period": 30},
+                            env=node["nvml"].env())
+        assert sorted((k["pid"], k["signal"]) for k in result["killed"]) == sorted(
+            (w["pid"], "SIGTERM") for w in workers), result
 
 
 def test_another_holder_leaves_too_little_memory_and_the_engine_fails_like_vllm(node):

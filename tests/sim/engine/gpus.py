@@ -92,8 +92,9 @@ def check_free(nvml, gpus: list, fraction: float) -> dict:
 def _worker(name: str, gpu: int, mib: int, dev_dir, nvml, shm_dir: str, control: int, ready: int,
             orphan: bool, ignore_term: bool) -> None:
     set_name(name)
-    if ignore_term:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The server's own handler was inherited with the fork: a worker dies of SIGTERM, as a real one.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     held = [os.open(os.path.join(dev_dir, dev), os.O_RDWR)
             for dev in ("nvidia%d" % gpu, "nvidiactl", "nvidia-uvm")]
     maps = []
