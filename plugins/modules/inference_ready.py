@@ -57,7 +57,7 @@ options:
     type: str
     required: true
   api_key:
-    description: The API key, sent as C(Authorization: Bearer). Empty means none.
+    description: "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
     type: str
     default: ""
   mode:
@@ -306,8 +306,8 @@ def death(state, baseline):
     if state["LoadState"] == "not-found":
         return "is not installed"
     if state["ActiveState"] in ("failed", "inactive", "deactivating") or state["SubState"] == "auto-restart":
-        return "died (%s, %s, result %s, exit status %s)" % (state["ActiveState"], state["SubState"],
-                                                              state["Result"], state["ExecMainStatus"] or "-")
+        return "died (%s, %s, result %s, exit status %s)" % (
+            state["ActiveState"], state["SubState"], state["Result"], state["ExecMainStatus"] or "-")
     if baseline.get("invocation_id") and state["InvocationID"] != baseline["invocation_id"]:
         return "restarted (a new invocation, main pid %s)" % state["MainPID"]
     if int(state["NRestarts"] or 0) > int(baseline.get("n_restarts", 0)):
@@ -491,7 +491,7 @@ def main():
             "poll_interval": {"type": "float", "default": 1},
             "request_timeout": {"type": "float", "default": 120},
             "prompt": {"type": "str", "default": "The capital of France is"},
-            "max_tokens": {"type": "int", "default": 16},
+            "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
             "completions": {"type": "int", "default": 3},
             "speculative": {"type": "bool", "default": False},
             "min_acceptance_rate": {"type": "float", "default": 0},

@@ -60,8 +60,8 @@ def load(directories, engine: str, version: str) -> dict:
     with open(versions[version], encoding="utf-8") as handle:
         data = json.load(handle)
     if data.get("engine") != engine or data.get("version") != version:
-        raise FlagError("flag data %s says %s %s, not %s %s" % (versions[version], data.get("engine"),
-                                                               data.get("version"), engine, version))
+        raise FlagError("flag data %s says %s %s, not %s %s"
+                        % (versions[version], data.get("engine"), data.get("version"), engine, version))
     return data
 
 

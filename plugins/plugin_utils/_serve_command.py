@@ -310,17 +310,17 @@ class _Builder:
                 args += [flag] + [str(item) for item in values]
         method = spec.get(data["method_key"])
         if not method:
-            self.problem("%s.%s is required: name the algorithm (%s)" % (where, data["method_key"],
-                                                                       ", ".join(data["algorithms"])))
+            self.problem("%s.%s is required: name the algorithm (%s)"
+                         % (where, data["method_key"], ", ".join(data["algorithms"])))
         elif isinstance(method, str) and method.upper() not in data["algorithms"]:
             self.warnings.append("%s.%s %s is not one of SGLang %s's built-in algorithms (%s); "
                                  "it must come from a plugin" % (where, data["method_key"], method,
                                                                  self.flags.version, ", ".join(data["algorithms"])))
         given = [key for key in data["all_or_none"] if key in spec]
         if given and len(given) != len(data["all_or_none"]):
+            missing = ", ".join(k for k in data["all_or_none"] if k not in spec)
             self.problem("%s: %s are given together or not at all (SGLang picks all three itself when none is "
-                         "given); missing: %s" % (where, ", ".join(data["all_or_none"]),
-                                                   ", ".join(k for k in data["all_or_none"] if k not in spec)))
+                         "given); missing: %s" % (where, ", ".join(data["all_or_none"]), missing))
         for key in given:
             if not _int(spec[key]) or spec[key] < 1:
                 self.problem("%s.%s must be an integer of 1 or more, got %r" % (where, key, spec[key]))

@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, REPO
+from tests.integration.conftest import HOST_NVML_LIB, REPO
 from tests.integration.fleet import engines
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
