@@ -137,10 +137,10 @@ def main():
     med = {key: statistics.median(values) for key, values in times.items()}
     report = {"times_s": times, "median_s": med, "fleet_boot": boot, "grace_period_s": GRACE, "poll_interval_s": POLL,
               "summary": [
-                  {"measure": "reset_and_serve, crashed host to 1st completion", "ours_s": med["ours"],
+                  {"measure": "reset_and_serve: crash to 1st completion", "ours_s": med["ours"],
                    "baseline": "ritual + manual start + curl loop", "baseline_s": med["ritual"],
                    "ratio": med["ours"] / med["ritual"], "target": None, "met": None},
-                  {"measure": "readiness detection (engine ready to gate)", "ours_s": med["latency"],
+                  {"measure": "readiness seen (engine ready to gate)", "ours_s": med["latency"],
                    "baseline": "one poll interval", "baseline_s": POLL, "ratio": med["latency"] / POLL,
                    "target": "<= %.1f s (every round)" % POLL, "met": max(times["latency"]) <= POLL},
               ]}
