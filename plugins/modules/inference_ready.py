@@ -354,11 +354,19 @@ def probe(base, engine, api_key):
 
 
 def wait_healthy(module, params, baseline):
-    """Poll until healthy or the call's wait runs out; raise GateError when the unit dies."""
-    deadline = time.monotonic() + max(0.0, params["wait"])
+    """Poll until healthy or the call's wait runs out; raise GateError when the unit dies.
+
+    The health probe comes first and its answer is timed before the unit is read, and polls
+    keep a fixed cadence (the time a poll takes is not added to the interval): readiness is
+    seen within one poll interval."""
+    started = time.monotonic()
+    deadline = started + max(0.0, params["wait"])
     polls = 0
     state = {}
     while True:
+        healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
+        seen_at = time.monotonic()
+        polls += 1
         if params["unit"]:
             state = unit_state(module, params["unit"])
             if not baseline:
@@ -369,12 +377,10 @@ def wait_healthy(module, params, baseline):
                 raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
-        healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
-        seen_at = time.monotonic()
-        polls += 1
         if healthy or seen_at >= deadline:
             return healthy, seen, state, baseline, polls, seen_at
-        time.sleep(max(0.0, min(params["poll_interval"], deadline - time.monotonic())))
+        next_poll = started + polls * params["poll_interval"]
+        time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
 
 
 def look(module, params):

@@ -104,6 +104,8 @@ class Served:
         return proc, json.loads(found[-1].read_text()) if found else None
 
     def rows(self, report) -> dict:
+        hosts = [row["host"] for row in report["hosts"]]
+        assert len(hosts) == len(set(hosts)), hosts  # one row per host
         return {row["host"]: row for row in report["hosts"]}
 
     def show(self, name, *props) -> dict:
