@@ -28,6 +28,12 @@ def open_files(pid: int) -> set:
     return found
 
 
+def mapped_files(pid: int) -> set:
+    """The files a process maps, from /proc/PID/maps (what gpu_reset reads as GPU evidence)."""
+    with open("/proc/%d/maps" % pid, encoding="utf-8", errors="surrogateescape") as handle:
+        return {line.split(None, 5)[5].strip() for line in handle if len(line.split(None, 5)) == 6}
+
+
 def metric(text: bytes, name: str) -> float:
     for line in text.decode().splitlines():
         if line.startswith(name):
@@ -73,16 +79,19 @@ def test_vllm_loads_refusing_connections_then_serves_holds_gpus_and_stops_on_sig
 
         workers = state["workers"]
         for rank, worker in enumerate(workers):
-            held = open_files(worker["pid"])
-            assert {str(node["dev"] / ("nvidia%d" % rank)), str(node["dev"] / "nvidiactl")} <= held
+            # Open and mapped, as a CUDA context holds them: its own GPU, nvidiactl, nvidia-uvm.
+            devices = {str(node["dev"] / name) for name in ("nvidia%d" % rank, "nvidiactl", "nvidia-uvm")}
+            assert devices <= open_files(worker["pid"])
+            assert devices <= mapped_files(worker["pid"])
+            assert str(node["dev"] / ("nvidia%d" % (1 - rank))) not in mapped_files(worker["pid"])
             assert procinfo.comm(worker["pid"]) == "VLLM::Worker_TP"
         used = {r["gpu"]: r["mib"] for r in node["nvml"].registrations()}
         assert used == {0: int(143771 * 0.92), 1: int(143771 * 0.92)}
         # node_reset's gpu_reset sees exactly the workers as the holders of these devices.
         plan = run_module("gpu_reset", {"device_paths": [str(node["dev"] / "nvidia*")]}, check=True,
                           env=node["nvml"].env())
-        assert sorted(t["pid"] for t in plan["targets"] if t["pid"] != served.proc.pid) == sorted(
-            w["pid"] for w in workers)
+        assert sorted(t["pid"] for t in plan["targets"]) == sorted(w["pid"] for w in workers), plan
+        assert plan["clients"] == [], plan  # the API server holds no device file
 
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=60) == 0
@@ -173,6 +182,19 @@ def test_orphan_workers_keep_the_gpus_after_the_api_server_dies(node):
                             env=node["nvml"].env())
         assert sorted((k["pid"], k["signal"]) for k in result["killed"]) == sorted(
             (w["pid"], "SIGTERM") for w in workers), result
+
+
+def test_a_device_file_that_cannot_be_mapped_stops_the_engine_like_cuda(node):
+    """A node the worker cannot map (here a FIFO; on the fleet hosts it was /dev/null, 1:3) would
+    leave a holder that gpu_reset takes for a client: the engine fails instead of serving."""
+    (node["dev"] / "nvidia-uvm").unlink()
+    os.mkfifo(node["dev"] / "nvidia-uvm")
+    with engine(node, "vllm", []) as served:
+        assert served.proc.wait(timeout=60) == 1
+        stderr = served.proc.stderr.read()
+        assert "cannot map %s" % (node["dev"] / "nvidia-uvm") in stderr, stderr
+        assert "worker for GPU 0 did not start" in stderr
+    assert all(not procinfo.alive(r["pid"]) for r in node["nvml"].registrations())
 
 
 def test_another_holder_leaves_too_little_memory_and_the_engine_fails_like_vllm(node):

@@ -1,9 +1,11 @@
 """The stand-in's GPU workers: one child process per tensor-parallel rank that holds its GPU the
 way a CUDA worker does (vLLM's VLLM::Worker_TP<n>, SGLang's sglang::scheduler_TP<n>): it opens
-/dev/nvidia<n>, /dev/nvidiactl and /dev/nvidia-uvm, maps its GPU's device file where the file
-allows it, keeps an NCCL-like segment open in the shm directory (STANDIN_SHM_DIR, if set), and
-registers its memory in the fake NVML, so that gpu_reset finds it, NVML shows its memory, and
-node_reset frees both.
+/dev/nvidia<n>, /dev/nvidiactl and /dev/nvidia-uvm and maps each one (one page, MAP_PRIVATE, as a
+CUDA context does: gpu_reset takes a process that only has device files open for a client and
+leaves it alone), keeps an NCCL-like segment open in the shm directory (STANDIN_SHM_DIR, if set),
+and registers its memory in the fake NVML, so that gpu_reset finds it, NVML shows its memory, and
+node_reset frees both. A device file that cannot be mapped (a 1:3 node, /dev/null) stops the
+worker, as it would stop CUDA: the stand-in never holds GPUs that gpu_reset cannot see.
 
 A worker exits when its API server closes the control pipe (a clean stop, or the server's
 death), unless the server was told to leave orphans behind (the orphan_workers fault).
@@ -11,7 +13,6 @@ death), unless the server was told to leave orphans behind (the orphan_workers f
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import secrets
 import select
@@ -19,7 +20,10 @@ import signal
 import sys
 import time
 
+from ..program import map_device
+
 PR_SET_NAME = 15
+DEVICES = ("nvidia%d", "nvidiactl", "nvidia-uvm")
 
 
 class EngineError(RuntimeError):
@@ -95,14 +99,15 @@ def _worker(name: str, gpu: int, mib: int, dev_dir, nvml, shm_dir: str, control:
     # The server's own handler was inherited with the fork: a worker dies of SIGTERM, as a real one.
     signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    held = [os.open(os.path.join(dev_dir, dev), os.O_RDWR)
-            for dev in ("nvidia%d" % gpu, "nvidiactl", "nvidia-uvm")]
-    maps = []
-    try:
-        # A CUDA process maps only its own GPU's device file; /dev/null-like nodes refuse it.
-        maps.append(mmap.mmap(held[0], 4096))
-    except (OSError, ValueError):
-        pass
+    held = []
+    for dev in DEVICES:
+        path = os.path.join(dev_dir, dev % gpu if "%" in dev else dev)
+        held.append(os.open(path, os.O_RDWR))
+        try:
+            map_device(held[-1])
+        except OSError as exc:
+            raise EngineError("RuntimeError: CUDA error: cannot map %s: %s" % (path, os.strerror(exc.errno or 0))) \
+                from exc
     segment = None
     if shm_dir:
         segment = os.path.join(shm_dir, "nccl-standin-%d-%s" % (gpu, secrets.token_hex(4)))
