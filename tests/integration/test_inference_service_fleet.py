@@ -262,9 +262,11 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert served.get("node1", "/v1/models", API_KEY)[0] == 200
         assert "Stop the unit" not in proc.stdout  # node_reset never ran for them
         rows = served.rows(report)
-        # Never reset: "failed" (this branch's report) or "not run" (the report that reads node_reset's steps).
-        assert rows["node1"]["status"] in ("failed", "not run") and rows["node1"]["service"]["status"] == "failed"
-        assert "tensor_parallel_size" in rows["node1"]["service"]["reason"]
+        # Refused before any step: node_reset's `invalid`, with the key at fault, said once.
+        assert rows["node1"]["status"] == "invalid" and rows["node1"]["service"]["status"] == "failed"
+        assert rows["node1"]["killed"] == 0 and rows["node1"]["seconds_per_step"] == {}
+        assert len(rows["node1"]["problems"]) == 1 and "tensor_parallel_size" in rows["node1"]["problems"][0]
+        assert "node1 is invalid: inference_service_speculative.tensor_parallel_size is refused" in proc.stdout
         assert rows["node3"]["service"]["status"] == "ready"
     finally:
         served.heal("node1", "node2")
@@ -352,16 +354,28 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
     # Through sh, which exits 0 once the server died: the unit stays active and keeps the orphans.
     fleet.spawn("node3", "hand-started-vllm", ["sh", "-c", "/usr/local/bin/vllm serve sim/model "
                                                "--tensor-parallel-size 2 --port 8011; exit 0"], env=crash_env)
-    orphans = json.loads(fleet.run("node3", ["cat", "/run/hand-started.json"]).stdout)["workers"]
-    assert all(fleet.run("node3", ["kill", "-0", str(w["pid"])], check=False).returncode == 0 for w in orphans)
-    proc, report = served.play(limit="node3")
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    row = served.rows(report)["node3"]
-    assert row["killed"] >= 2 and row["mib_freed"] > 0 and row["shm_bytes_freed"] > 0, row
-    assert row["service"]["status"] == "ready"
-    assert all(fleet.run("node3", ["kill", "-0", str(w["pid"])], check=False).returncode != 0 for w in orphans)
-    assert served.get("node3", "/health")[0] == 200
-    fleet.run("node3", ["systemctl", "stop", "hand-started-vllm.service"], check=False)
+    try:
+        orphans = json.loads(fleet.run("node3", ["cat", "/run/hand-started.json"]).stdout)["workers"]
+        assert len(orphans) == 2
+        for rank, worker in enumerate(orphans):
+            # Alive, and mapping their GPU's device files as a CUDA context does: gpu_reset's evidence
+            # (a process that only had them open would be a client, left alone).
+            maps = fleet.run("node3", ["cat", f"/proc/{worker['pid']}/maps"]).stdout
+            assert {f"/dev/nvidia{rank}", "/dev/nvidiactl", "/dev/nvidia-uvm"} <= {
+                line.split()[-1] for line in maps.splitlines() if len(line.split()) == 6}, maps
+        proc, report = served.play(limit="node3")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        row = served.rows(report)["node3"]
+        assert row["service"]["status"] == "ready"
+        assert row["mib_freed"] > 0 and row["shm_bytes_freed"] > 0, row
+        # gpu_reset stopped exactly the orphans: the unit node_reset stops was already down, and the
+        # orphans' own unit is still active, so systemd never killed its cgroup.
+        assert row["killed"] == len(orphans) and "gpu_reset" in row["seconds_per_step"], row
+        assert fleet.run("node3", ["systemctl", "is-active", "hand-started-vllm.service"]).stdout.strip() == "active"
+        assert all(fleet.run("node3", ["kill", "-0", str(w["pid"])], check=False).returncode != 0 for w in orphans)
+        assert served.get("node3", "/health")[0] == 200
+    finally:
+        fleet.run("node3", ["systemctl", "stop", "hand-started-vllm.service"], check=False)
 
 
 def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
