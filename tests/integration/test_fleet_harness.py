@@ -58,7 +58,7 @@ def test_hosts_carry_fake_gpu_nodes_python_deps_and_the_simulator(fleet):
             assert f"/dev/{device} character special file 1:5" in listing
         # Mappable like the real nodes, and shown under their own path (gpu_reset's evidence).
         mapped = fleet.run(name, ["python3", "-c", MAP_PROBE, "/dev/nvidia0", "/dev/nvidia-uvm"]).stdout
-        assert mapped.split() == ["/dev/nvidia0", "/dev/nvidia-uvm"], mapped
+        assert sorted(mapped.split()) == ["/dev/nvidia-uvm", "/dev/nvidia0"], mapped
         probe = fleet.ssh(name, "/usr/bin/python3 -c 'import psutil, pynvml, sys; print(sys.version_info[:2] >= (3, 9))'")
         assert probe.stdout.strip() == "True"
         assert fleet.run(name, ["test", "-f", f"{HOST_NVML_LIB}/libnvidia-ml.so.1"], check=False).returncode == 0

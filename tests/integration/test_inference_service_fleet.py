@@ -266,7 +266,8 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert rows["node1"]["status"] == "invalid" and rows["node1"]["service"]["status"] == "failed"
         assert rows["node1"]["killed"] == 0 and rows["node1"]["seconds_per_step"] == {}
         assert len(rows["node1"]["problems"]) == 1 and "tensor_parallel_size" in rows["node1"]["problems"][0]
-        assert "node1 is invalid: inference_service_speculative.tensor_parallel_size is refused" in proc.stdout
+        assert ("node1 is invalid: inference_service: inference_service_speculative.tensor_parallel_size is refused"
+                in proc.stdout), proc.stdout[-6000:]
         assert rows["node3"]["service"]["status"] == "ready"
     finally:
         served.heal("node1", "node2")
