@@ -81,7 +81,10 @@ class _Builder:
 
     def check_scalars(self) -> None:
         s = self.s
-        if not isinstance(s["model"], str) or not s["model"].strip() or _control(s["model"]):
+        # A leading "-" would make the engine read the model as an option (vLLM then serves its
+        # default model under the served name).
+        if not isinstance(s["model"], str) or not s["model"].strip() or _control(s["model"]) \
+                or s["model"].startswith("-"):
             self.problem("%s must name the model (a Hugging Face repository or a local path), got %r"
                          % (_var("model"), s["model"]))
         if not isinstance(s["served_name"], str) or _control(s["served_name"]) or " " in s["served_name"]:
@@ -89,7 +92,8 @@ class _Builder:
         if not _int(s["tensor_parallel_size"]) or not 1 <= s["tensor_parallel_size"] <= 1024:
             self.problem("%s must be an integer from 1 to 1024, got %r"
                          % (_var("tensor_parallel_size"), s["tensor_parallel_size"]))
-        if not isinstance(s["host"], str) or not s["host"] or any(c.isspace() for c in s["host"]) or _control(s["host"]):
+        if not isinstance(s["host"], str) or not s["host"] or any(c.isspace() for c in s["host"]) or _control(s["host"]) \
+                or s["host"].startswith("-"):
             self.problem("%s must be an address or host name, got %r" % (_var("host"), s["host"]))
         if not _int(s["port"]) or not 1 <= s["port"] <= 65535:
             self.problem("%s must be a port from 1 to 65535, got %r" % (_var("port"), s["port"]))

@@ -250,16 +250,20 @@ def test_a_variable_change_restarts_each_host_exactly_once(served):
 
 
 def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(served):
-    before = served.main_pid("node1")
+    """node1 and node2: a bad speculative configuration. node3: its secrets' directory would be
+    /tmp, which others may write (and the role changes no existing directory's mode)."""
+    before = {name: served.main_pid(name) for name in HOSTS}
+    tmp_mode = served.fleet.run("node3", ["stat", "-c", "%a %U", "/tmp"]).stdout
     served.vars["node1"]["inference_service_speculative"] = dict(SPEC_VLLM, tensor_parallel_size=2)
     served.vars["node2"]["inference_service_speculative"] = dict(SPEC_SGLANG)
     del served.vars["node2"]["inference_service_speculative"]["speculative_eagle_topk"]
+    served.vars["node3"]["inference_service_config_dir"] = "/tmp"
     try:
         proc, report = served.play()
         assert proc.returncode == 2, proc.stdout[-6000:]
         assert "inference_service_speculative.tensor_parallel_size is refused" in proc.stdout
         assert "speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens are given together" in proc.stdout
-        assert served.main_pid("node1") == before
+        assert {name: served.main_pid(name) for name in HOSTS} == before
         assert served.get("node1", "/v1/models", API_KEY)[0] == 200
         assert "Stop the unit" not in proc.stdout  # node_reset never ran for them
         rows = served.rows(report)
@@ -269,13 +273,18 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert len(rows["node1"]["problems"]) == 1 and "tensor_parallel_size" in rows["node1"]["problems"][0]
         assert ("node1 is invalid: inference_service: inference_service_speculative.tensor_parallel_size is refused"
                 in proc.stdout), proc.stdout[-6000:]
-        assert rows["node3"]["service"]["status"] == "ready"
+        assert rows["node3"]["status"] == "invalid", rows["node3"]
+        assert ("inference_service_config_dir /tmp is not a directory that root owns and only root may write"
+                in rows["node3"]["problems"][0]), rows["node3"]
+        assert served.fleet.run("node3", ["stat", "-c", "%a %U", "/tmp"]).stdout == tmp_mode == "1777 root\n"
+        assert not served.fleet.run("node3", ["sh", "-c", "ls /tmp/inference-server.*"], check=False).stdout
     finally:
         # Never touched, their servers still run the base configuration: only the variables go
         # back, unless the test failed because a server was touched after all.
-        served.vars["node1"], served.vars["node2"] = base_vars("node1"), base_vars("node2")
-        if served.get("node1", "/health")[0] != 200 or served.get("node2", "/health")[0] != 200:
-            served.heal("node1", "node2")
+        for name in HOSTS:
+            served.vars[name] = base_vars(name)
+        if any(served.get(name, "/health")[0] != 200 for name in HOSTS):
+            served.heal(*HOSTS)
 
 
 def test_a_crash_during_load_fails_the_gate_at_once_with_the_journal(served):

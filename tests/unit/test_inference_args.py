@@ -229,6 +229,8 @@ def test_environment_is_refused_with_the_variable_at_fault(env, message):
 @pytest.mark.parametrize("overrides, message", [
     ({"model": ""}, "inference_service_model must name the model"),
     ({"model": "a\nb"}, "inference_service_model must name the model"),
+    ({"model": "--enforce-eager"}, "inference_service_model must name the model"),
+    ({"host": "-1"}, "inference_service_host must be an address or host name"),
     ({"served_name": "two words"}, "inference_service_served_name must be one word"),
     ({"tensor_parallel_size": 0}, "inference_service_tensor_parallel_size must be an integer from 1 to 1024"),
     ({"tensor_parallel_size": -2}, "inference_service_tensor_parallel_size must be an integer from 1 to 1024"),
