@@ -393,6 +393,23 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
         fleet.run("node3", ["systemctl", "stop", "hand-started-vllm.service"], check=False)
 
 
+def test_a_run_where_no_host_answers_still_writes_its_report(served):
+    """node3 is powered off and is the only host of the run: the validation's first connection
+    fails, the host is recorded (not dropped), node_reset records it unreachable, the report is
+    written, and the run ends with Ansible's status for an unreachable host."""
+    served.fleet.poweroff("node3")
+    try:
+        proc, report = served.play(limit="node3")
+        assert proc.returncode == 4, proc.stdout[-6000:]
+        row = served.rows(report)["node3"]
+        assert row["status"] == "unreachable" and not row["ok"], row
+        assert row["service"]["status"] == "failed" and row["service"]["stage"] == "unreachable", row
+        assert len(row["problems"]) == 1 and row["problems"][0].startswith("unreachable: "), row
+    finally:
+        served.fleet.boot("node3")
+        served.heal("node3", force=False)
+
+
 def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
     served.fault("node1", fault="low_acceptance")
     try:
