@@ -59,10 +59,16 @@ def test_an_unknown_speculative_key_is_refused_like_pydantic(node):
 def test_vllm_loads_refusing_connections_then_serves_holds_gpus_and_stops_on_sigterm(node):
     spec = {"method": "eagle3", "model": "sim/eagle3 draft", "num_speculative_tokens": 4}
     args = ["--served-model-name", "llama", "--tensor-parallel-size", "2", "--speculative-config", json.dumps(spec)]
-    with engine(node, "vllm", args, STANDIN_LOAD_S=2, STANDIN_ACCEPTANCE=0.5, STANDIN_SHM_DIR=node["tmp"]) as served:
-        deadline = time.monotonic() + 30
-        while not served.refused():  # bound but not listening while it loads
-            assert time.monotonic() < deadline
+    hold = node["tmp"] / "loading"
+    hold.touch()
+    with engine(node, "vllm", args, STANDIN_LOAD_S=0, STANDIN_HOLD_FILE=hold, STANDIN_ACCEPTANCE=0.5,
+                STANDIN_SHM_DIR=node["tmp"]) as served:
+        deadline = time.monotonic() + 60
+        while _children(served.proc.pid).count("VLLM::Worker_TP") < 2:  # its workers hold the GPUs...
+            assert time.monotonic() < deadline and served.proc.poll() is None
+            time.sleep(0.05)
+        assert served.refused()  # ...while the port refuses connections: it is loading
+        hold.unlink()
         state = served.wait_ready()
         assert state["speculative"] == spec and state["gpus"] == [0, 1]
         assert served.get("/health")[0] == 200

@@ -122,7 +122,8 @@ def main(engine: str, argv: list, env=None) -> int:
         info["workers"] = [{"pid": pid, "create_time": procinfo.create_time(pid)} for pid in workers.pids]
         info["gpus"] = indices
         started = time.monotonic()
-        while conf["fault"] == "never_ready" or time.monotonic() - started < conf["load_s"]:
+        while (conf["fault"] == "never_ready" or time.monotonic() - started < conf["load_s"]
+               or (conf["hold_file"] and os.path.exists(conf["hold_file"]))):
             if stop.wait(0.02):
                 log("INFO stand-in: stopped while loading")
                 workers.stop()

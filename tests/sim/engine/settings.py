@@ -10,6 +10,8 @@
     STANDIN_VERSION       the engine version to be (default: the newest with data)
     STANDIN_DEV_DIR       where the GPU device files are (default /dev)
     STANDIN_STATE_FILE    where to write what it parsed and when it became ready (JSON), if set
+    STANDIN_HOLD_FILE     while this file exists, loading goes on after load_s (a test ends it by
+                          removing the file, so nothing depends on how fast the machine is)
     FAKE_NVML_STATE       the fake NVML state to register GPU memory in (tests/fixtures/fake_nvml)
 
 Faults: ignore_sigterm (the server never stops on SIGTERM), crash_during_load (exits 1 half-way
@@ -71,5 +73,6 @@ def load(env=None) -> dict:
         "version": env.get("STANDIN_VERSION", ""),
         "dev_dir": Path(env.get("STANDIN_DEV_DIR") or "/dev"),
         "state_file": env.get("STANDIN_STATE_FILE") or "",
+        "hold_file": env.get("STANDIN_HOLD_FILE") or "",
         "nvml_state": env.get("FAKE_NVML_STATE") or "",
     }
