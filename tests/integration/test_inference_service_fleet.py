@@ -170,8 +170,11 @@ def served(fleet_session, tmp_path_factory):
         engines.install(host.root)
     state = Served(fleet, tmp_path_factory.mktemp("serve"))
     try:
-        proc, report = state.play()
+        # Verbose, as the secrets test reads it: the run that writes the secret files and starts
+        # every server with its keys.
+        proc, report = state.play(extra=["-vv"])
         state.first = (proc, report)
+        state.first_markdown = "".join(path.read_text() for path in (state.workdir / "reports").glob("*.md"))
         yield state
     finally:
         for name, host in fleet.hosts.items():
@@ -316,12 +319,29 @@ def test_a_server_that_never_gets_ready_fails_at_the_deadline_with_progress_line
         served.heal("node3")
 
 
-def test_secrets_appear_nowhere(served):
-    proc, report = served.play(extra=["-vv"], force=HOSTS)
+@pytest.fixture(scope="module")
+def checked(served):
+    """One `--check --diff -vv` run in which node1's arguments and API key would change:
+    (process, report, the MainPIDs before it)."""
+    before = {name: served.main_pid(name) for name in HOSTS}
+    served.vars["node1"]["inference_service_extra_args"] = ["--max-num-seqs", "64"]
+    served.vars["node1"]["inference_service_secrets"] = {"api_key": API_KEY + "2", "hf_token": HF_TOKEN}
+    try:
+        proc, report = served.play(check=True, extra=["-vv"])
+    finally:
+        served.vars["node1"] = base_vars("node1")
+    return proc, report, before
+
+
+def test_secrets_appear_nowhere(served, checked):
+    """In the verbose run that wrote every secret file and started every server with its keys,
+    and in a verbose check run where a key would change: not in Ansible's output, the report,
+    the unit files, any command line of the hosts or the units' journals."""
+    (proc, report), (check, _report, _before) = served.first, checked
     assert proc.returncode == 0, proc.stdout[-4000:]
-    check, _report = served.play(check=True)
+    assert "| node1 |" in served.first_markdown and "<inference_service_secrets>" not in proc.stdout
     texts = {"ansible output": proc.stdout + proc.stderr + check.stdout + check.stderr,
-             "report": json.dumps(report) + "".join(p.read_text() for p in (served.workdir / "reports").glob("*"))}
+             "report": json.dumps(report) + served.first_markdown}
     for name in HOSTS:
         host = served.fleet.hosts[name]
         texts[f"{name} unit file"] = (host.root / "etc/systemd/system" / UNIT).read_text()
@@ -341,22 +361,16 @@ def test_secrets_appear_nowhere(served):
     assert served.get("node2", "/v1/models", SGLANG_KEY)[0] == 200
 
 
-def test_check_mode_shows_the_diff_with_secrets_hidden_and_restarts_nothing(served):
-    before = {name: served.main_pid(name) for name in HOSTS}
-    served.vars["node1"]["inference_service_extra_args"] = ["--max-num-seqs", "64"]
-    served.vars["node1"]["inference_service_secrets"] = {"api_key": API_KEY + "2", "hf_token": HF_TOKEN}
-    try:
-        proc, report = served.play(check=True)
-        assert proc.returncode == 0, proc.stdout[-6000:]
-        assert '+    "--max-num-seqs" \\' in proc.stdout and '+    "64"' in proc.stdout
-        assert "Would change: /etc/cleanslate/inference/inference-server.env (HF_TOKEN, VLLM_API_KEY); values hidden" in proc.stdout
-        assert API_KEY not in proc.stdout and HF_TOKEN not in proc.stdout
-        assert {name: served.main_pid(name) for name in HOSTS} == before
-        assert "--max-num-seqs" not in served.cmdline("node1", before["node1"])
-        assert report is None  # check mode writes no report; it prints the table
-        assert re.search(r"^\s+\"\| node1 \| ok \|.* \| vllm 0\.33\.0 \| - \| - \| - \| check \|", proc.stdout, re.M)
-    finally:
-        served.vars["node1"] = base_vars("node1")
+def test_check_mode_shows_the_diff_with_secrets_hidden_and_restarts_nothing(served, checked):
+    proc, report, before = checked
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert '+    "--max-num-seqs" \\' in proc.stdout and '+    "64"' in proc.stdout
+    assert "Would change: /etc/cleanslate/inference/inference-server.env (HF_TOKEN, VLLM_API_KEY); values hidden" in proc.stdout
+    assert API_KEY not in proc.stdout and HF_TOKEN not in proc.stdout
+    assert {name: served.main_pid(name) for name in HOSTS} == before
+    assert "--max-num-seqs" not in served.cmdline("node1", before["node1"])
+    assert report is None  # check mode writes no report; it prints the table
+    assert re.search(r"^\s+\"\| node1 \| ok \|.* \| vllm 0\.33\.0 \| - \| - \| - \| check \|", proc.stdout, re.M)
 
 
 def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
@@ -394,10 +408,12 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
 
 
 def test_a_run_where_no_host_answers_still_writes_its_report(served):
-    """node3 is powered off and is the only host of the run: the validation's first connection
-    fails, the host is recorded (not dropped), node_reset records it unreachable, the report is
-    written, and the run ends with Ansible's status for an unreachable host."""
-    served.fleet.poweroff("node3")
+    """node3, the only host of the run, does not answer (SSH to a closed port): the validation's
+    first connection fails, the host is recorded (not dropped), node_reset records it
+    unreachable, the report is written, and the run ends with Ansible's status for an
+    unreachable host. Its server was never touched."""
+    before = served.main_pid("node3")
+    served.vars["node3"]["ansible_port"] = 1
     try:
         proc, report = served.play(limit="node3")
         assert proc.returncode == 4, proc.stdout[-6000:]
@@ -405,9 +421,9 @@ def test_a_run_where_no_host_answers_still_writes_its_report(served):
         assert row["status"] == "unreachable" and not row["ok"], row
         assert row["service"]["status"] == "failed" and row["service"]["stage"] == "unreachable", row
         assert len(row["problems"]) == 1 and row["problems"][0].startswith("unreachable: "), row
+        assert served.main_pid("node3") == before
     finally:
-        served.fleet.boot("node3")
-        served.heal("node3", force=False)
+        served.vars["node3"] = base_vars("node3")
 
 
 def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
