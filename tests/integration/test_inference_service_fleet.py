@@ -392,6 +392,14 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
             maps = fleet.run("node3", ["cat", f"/proc/{worker['pid']}/maps"]).stdout
             assert {f"/dev/nvidia{rank}", "/dev/nvidiactl", "/dev/nvidia-uvm"} <= {
                 line.split()[-1] for line in maps.splitlines() if len(line.split()) == 6}, maps
+        # --check first: nothing is stopped (the host stays dirty, which check mode does not fail)
+        # and the role still says what serving it would do.
+        check, _report = served.play(limit="node3", check=True)
+        assert check.returncode == 0, check.stdout[-6000:]
+        assert re.search(r"\| node3 \| dirty \| 2 \|.* \| check \|", check.stdout), check.stdout[-6000:]
+        assert re.search(r"Start the server\] \**\nchanged: \[node3\]", check.stdout), check.stdout[-6000:]
+        assert all(fleet.run("node3", ["kill", "-0", str(w["pid"])], check=False).returncode == 0 for w in orphans)
+        assert served.show("node3", "ActiveState")["ActiveState"] != "active"
         proc, report = served.play(limit="node3")
         assert proc.returncode == 0, proc.stdout[-6000:]
         row = served.rows(report)["node3"]
