@@ -7,6 +7,8 @@
    scoped to the simulated node's device files, shm directory and site-packages.
 3. Run it again: a clean node changes nothing.
 4. Remove the simulation (only what it started), whatever happened.
+5. The whole cycle on a real systemd host (tools/demo_serve.py): a crashed vLLM, reset, the
+   stand-in engine served by systemd until it answers, the fleet report.
 """
 from __future__ import annotations
 
@@ -58,4 +60,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import demo_serve  # noqa: E402  pylint: disable=import-outside-toplevel,wrong-import-position
+    sys.exit(main() or demo_serve.main())

@@ -42,11 +42,23 @@ def test_hosts_have_their_own_pid_namespace_and_dev_shm(fleet):
         fleet.run("node1", ["rm", "-f", "/dev/shm/cleanslate-harness-probe"])
 
 
+# Maps each argument (one page, MAP_PRIVATE, as a CUDA context maps /dev/nvidiaN) and prints
+# the paths of its own device mappings as /proc/self/maps lists them.
+MAP_PROBE = """
+import mmap, os, sys
+held = [mmap.mmap(os.open(path, os.O_RDWR), mmap.PAGESIZE, mmap.MAP_PRIVATE, mmap.PROT_READ) for path in sys.argv[1:]]
+print("\\n".join(line.split()[5] for line in open("/proc/self/maps") if line.rstrip().endswith(tuple(sys.argv[1:]))))
+"""
+
+
 def test_hosts_carry_fake_gpu_nodes_python_deps_and_the_simulator(fleet):
     for name in fleet.hosts:
         listing = fleet.run(name, ["stat", "-c", "%n %F %t:%T"] + [f"/dev/{d}" for d in DEVICE_NAMES]).stdout
         for device in DEVICE_NAMES:
-            assert f"/dev/{device} character special file 1:3" in listing
+            assert f"/dev/{device} character special file 1:5" in listing
+        # Mappable like the real nodes, and shown under their own path (gpu_reset's evidence).
+        mapped = fleet.run(name, ["python3", "-c", MAP_PROBE, "/dev/nvidia0", "/dev/nvidia-uvm"]).stdout
+        assert sorted(mapped.split()) == ["/dev/nvidia-uvm", "/dev/nvidia0"], mapped
         probe = fleet.ssh(name, "/usr/bin/python3 -c 'import psutil, pynvml, sys; print(sys.version_info[:2] >= (3, 9))'")
         assert probe.stdout.strip() == "True"
         assert fleet.run(name, ["test", "-f", f"{HOST_NVML_LIB}/libnvidia-ml.so.1"], check=False).returncode == 0

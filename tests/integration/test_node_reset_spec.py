@@ -194,6 +194,19 @@ def test_the_same_checks_guard_the_verify_playbook(module_node, tmp_path):
     assert "List the processes a reset would stop" not in proc.stdout
 
 
+@pytest.mark.parametrize("bad", [{"node_reset_gpu_reset_grace_period": "soon"},
+                                 {"node_reset_pycache_purge_mode": "everything"}])
+def test_the_verify_entry_points_argument_spec_guards_the_verify_playbook(module_node, tmp_path, bad):
+    """ansible-core validates an entry point only when tasks_from names it as argument_specs.yml
+    does (`verify`, not `verify.yml`): types and choices are refused before the first step."""
+    proc, _row = _reset(module_node, tmp_path, values=bad, playbook="verify")
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert '"argument_spec_name": "verify"' in proc.stdout, proc.stdout[-3000:]
+    assert "Validation of arguments failed" in proc.stdout and next(iter(bad)) in proc.stdout, proc.stdout[-3000:]
+    assert "List the processes a reset would stop" not in proc.stdout
+    _untouched(module_node)
+
+
 def test_numbers_and_lists_typed_on_the_command_line_work(crashed_node, tmp_path):
     """Every numeric variable given as `-e name=value` (a string), and a GPU list as `0,1,2,3`:
     the checks pass and the reset cleans the node."""

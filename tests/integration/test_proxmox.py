@@ -18,13 +18,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, HOST_TESTS, REPO, _fleet_prerequisites
-from tests.integration.fleet import Fleet
+from tests.integration.fleet import Fleet, engines
 from tests.integration.fleet.pve import USER, PveNode, spawn_attached
 from tests.integration.test_fleet_reset import _crash, _pids, _recap, _targets, _uncrash
 from tests.sim import procinfo
@@ -461,37 +462,70 @@ def test_a_container_whose_monitor_died_is_unreachable_through_pct_and_swept_fro
 SERVE_UNIT = "cleanslate-inference.service"
 
 
-def _serve_vars() -> dict:
-    """The inference_service variables that serve issue 12's stand-in engine in a fleet host
-    (names from issue 12's interface; values to be matched to that role's tests when it lands)."""
-    return {"inference_service_engine": "vllm", "inference_service_model": "sim/model",
-            "inference_service_unit": SERVE_UNIT}
+def _serve_vars(manifest) -> dict:
+    """The inference_service variables that serve the stand-in engine (tests/sim/engine,
+    installed in the container as /usr/local/bin/vllm by fleet/engines.py) on the GPUs of the
+    container's simulated node: its device files and its fake NVML, which node_reset has just
+    cleaned, so the engine's workers hold what the reset freed."""
+    return {
+        "inference_service_engine": "vllm",
+        "inference_service_model": "sim/Llama-3.1-8B-Instruct",
+        "inference_service_unit": SERVE_UNIT,
+        "inference_service_tensor_parallel_size": 2,
+        "inference_service_speculative": {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4},
+        "inference_service_environment": {"FAKE_NVML_STATE": manifest["nvml"]["state_dir"],
+                                          "STANDIN_DEV_DIR": manifest["dev_dir"], "STANDIN_LOAD_S": "1",
+                                          "STANDIN_SHM_DIR": manifest["shm_dir"]},
+        "inference_service_ready_timeout": 120,
+        "inference_service_poll_interval": 0.2,
+        "inference_service_progress_interval": 5,
+        "inference_service_drain_timeout": 2,
+        "inference_service_restart_sec": 1,
+    }
 
 
-@pytest.mark.skipif(not (REPO / "playbooks" / "reset_and_serve.yml").exists(),
-                    reason="playbooks/reset_and_serve.yml does not exist yet (issue 12); when it lands, "
-                           "_serve_vars() gets the stand-in engine's inference_service_* values and this runs")
 def test_reset_and_serve_through_pct_serves_again_inside_each_container(fleet, node, controller):
-    """reset_and_serve.yml through pct: the unit runs inside each container (its processes in
-    the container's cgroup as the node sees them) and the report says each host serves."""
+    """reset_and_serve.yml through pct on two crashed containers: each is reset (its GPU holders
+    stopped, its bystanders spared), then the unit runs inside the container (its processes in
+    the container's cgroup as the node sees them, its workers mapping the GPUs the reset freed)
+    and answers; the report says each host serves."""
     host_vars = controller / "inventory" / "host_vars"
+    scene = {}
     try:
         for name in HOSTS:
-            manifest = Crashed(fleet, name).manifest
+            engines.install(fleet.hosts[name].root)
+            scene[name] = Crashed(fleet, name)
             (host_vars / f"{name}.yml").write_text(yaml.safe_dump({
-                **node_reset_vars(manifest, node_reset_nvml_verify_timeout=10), **_serve_vars()}))
+                **node_reset_vars(scene[name].manifest, node_reset_nvml_verify_timeout=10),
+                **_serve_vars(scene[name].manifest)}))
         proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset_and_serve.yml")
-        assert proc.returncode == 0, proc.stdout[-6000:]
-        for name, row in _rows(report).items():
-            assert row["status"] in ("ok", "ready"), row
-            host = fleet.hosts[name]
-            main = fleet.run(name, ["systemctl", "show", "-P", "MainPID", SERVE_UNIT]).stdout
-            assert f"{host.cgroup.match}payload/" in Path(f"/proc/{_outer(host, int(main))[0]}/cgroup").read_text()
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        rows = _rows(report)
+        assert sorted(rows) == list(HOSTS)
+        for name in HOSTS:
+            row, crashed, host = rows[name], scene[name], fleet.hosts[name]
+            assert row["status"] == "ok" and row["ok"] and row["service"]["status"] == "ready", row
+            assert row["service_engine"] == "vllm 0.33.0" and row["service"]["completion"].strip(), row
+            assert not any(_alive(outer) for outer in crashed.targets), name
+            assert all(_alive(outer) for outer in crashed.spared), name
+            main = int(fleet.run(name, ["systemctl", "show", "-P", "MainPID", SERVE_UNIT]).stdout)
+            assert f"{host.cgroup.match}payload/" in Path(f"/proc/{_outer(host, main)[0]}/cgroup").read_text()
+            # Its workers hold the simulated GPUs 0 and 1 as a CUDA context does.
+            pattern = crashed.manifest["dev_dir"] + "/nvidia[01]$"
+            workers = fleet.run(name, ["sh", "-c", f"cat /proc/*/maps | grep -c '{pattern}'"], check=False).stdout
+            assert int(workers) >= 2, workers
+            with urllib.request.urlopen(f"http://{host.address}:8000/health", timeout=10) as response:
+                assert response.status == 200
+        assert "| engine | ready s | first completion ms | acceptance | service |" in proc.stdout
     finally:
         for name in HOSTS:
             (host_vars / f"{name}.yml").unlink(missing_ok=True)
-            fleet.run(name, ["systemctl", "stop", SERVE_UNIT], check=False)
+            fleet.run(name, ["sh", "-c", f"systemctl disable --now {SERVE_UNIT}; "
+                                         f"rm -rf /etc/systemd/system/{SERVE_UNIT} /etc/cleanslate; "
+                                         f"systemctl daemon-reload; systemctl reset-failed {SERVE_UNIT}; true"],
+                      check=False, timeout=120)
             _uncrash(fleet, name)
+            engines.uninstall(fleet.hosts[name].root)
 
 
 def test_the_node_changed_nothing_on_this_machine_and_leaves_nothing_behind(node):

@@ -18,8 +18,11 @@ from .cgroups import Cgroup
 
 # nspawn's exit status when the container asked for a reboot: the launcher starts it again.
 REBOOT_STATUS = 133
-# Fake GPU device nodes: char 1:3 (the null device) opens and holds like a device file,
-# which a real major-195 node cannot do without the NVIDIA driver.
+# Fake GPU device nodes: char 1:5 (the zero device) opens, holds and maps like a device file,
+# which a real major-195 node cannot do without the NVIDIA driver. Mapped MAP_PRIVATE, as a
+# CUDA context maps /dev/nvidiaN, it shows in /proc/PID/maps under its own path, which is what
+# gpu_reset takes for a GPU holder (1:3, /dev/null, cannot be mapped at all: its holders would
+# be clients, never stopped). nspawn's default device policy allows 1:5 like 1:3.
 DEVICE_NAMES = ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm")
 INNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -104,7 +107,7 @@ class Host:
         for name in DEVICE_NAMES:
             node = self.dir / "dev" / name
             if not node.exists():
-                os.mknod(node, 0o666 | 0o020000, os.makedev(1, 3))
+                os.mknod(node, 0o666 | 0o020000, os.makedev(1, 5))
 
     # --- boot and power --------------------------------------------------------------------
 

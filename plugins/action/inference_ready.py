@@ -1,0 +1,109 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The readiness gate: the inference_ready module in bounded rounds, with progress between them.
+
+A large model loads for 10 to 60 minutes, and Ansible prints nothing while a module runs. So
+the module waits at most progress_interval seconds per call; between calls this plugin prints
+one line (elapsed, unit state, what the server last answered) and calls it again with the
+unit's baseline (InvocationID, NRestarts), until the server is ready, the unit dies, or the
+deadline passes. Then it decides the status: ready, or degraded when speculative decoding
+accepts less than the floor.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
+
+display = Display()
+MODULE = "cleanslate.gpu.inference_ready"
+# Options for this plugin only; the module receives the others.
+OWN = ("timeout", "progress_interval", "min_acceptance_rate", "fail_on_degraded")
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp
+        args = dict(self._task.args)
+        if args.get("mode", "gate") == "probe":
+            result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
+            return result
+        try:
+            timeout = int(args.get("timeout", 3600))
+            progress = int(args.get("progress_interval", 30))
+            floor = float(args.get("min_acceptance_rate", 0) or 0)
+        except (TypeError, ValueError) as exc:
+            return dict(result, failed=True, msg="timeout, progress_interval and min_acceptance_rate must be "
+                                                 "numbers: %s" % exc)
+        if timeout < 0 or progress < 1 or not 0 <= floor <= 1:
+            return dict(result, failed=True, msg="timeout must be 0 or more, progress_interval 1 or more and "
+                                                 "min_acceptance_rate from 0 to 1")
+        host = (task_vars or {}).get("inventory_hostname", "?")
+        module_args = {key: value for key, value in args.items() if key not in OWN}
+        started = time.monotonic()
+        deadline = started + timeout
+        baseline = dict(args.get("baseline") or {})
+        polls = 0
+        while True:
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(progress, left))
+            call = dict(module_args, wait=wait, baseline=baseline, with_journal=left <= progress)
+            answer = self._execute_module(module_name=MODULE, module_args=call, task_vars=task_vars)
+            polls += answer.get("polls", 0)
+            baseline = answer.get("baseline") or baseline
+            elapsed = time.monotonic() - started
+            if answer.get("failed") or answer.get("state") == "ready":
+                result.update(answer)
+                result.update(polls=polls, gate_s=round(elapsed, 2))
+                break
+            line = self._progress(host, args, answer, elapsed, timeout)
+            if time.monotonic() >= deadline:
+                result.update(answer)
+                result.update(failed=True, polls=polls, gate_s=round(elapsed, 2),
+                              msg="%s not ready after %d s (the deadline, inference_service_ready_timeout): %s%s"
+                                  % (args.get("url"), timeout, line,
+                                     "; its last journal lines:\n" + "\n".join(answer["journal"])
+                                     if answer.get("journal") else ""))
+                return result
+            display.display(line)
+        if not result.get("failed"):
+            self._status(result, floor, bool(args.get("fail_on_degraded")))
+        return result
+
+    @staticmethod
+    def _progress(host, args, answer, elapsed, timeout):
+        unit = answer.get("unit") or {}
+        where = " (unit %s %s/%s, pid %s, restarts %s)" % (
+            args.get("unit"), unit.get("ActiveState"), unit.get("SubState"), unit.get("MainPID"),
+            unit.get("NRestarts")) if unit else ""
+        return "%s: waiting for %s%s: %d s of %d s, last seen: %s" % (
+            host, args.get("url"), where, elapsed, timeout, answer.get("last_seen"))
+
+    @staticmethod
+    def _status(result, floor, fail_on_degraded):
+        spec = result.get("speculation")
+        result["status"], result["reason"] = "ready", ""
+        if spec is None:
+            return
+        rate = spec.get("acceptance_rate")
+        if not spec.get("available") or rate is None:
+            result["reason"] = "acceptance rate unknown: %s" % spec.get("note", "no data")
+            result.setdefault("warnings", []).append(result["reason"])
+        elif floor and rate < floor:
+            result["status"] = "degraded"
+            result["reason"] = ("speculative decoding accepts %.0f%% of drafted tokens, below "
+                                "inference_service_min_acceptance_rate %.0f%%: speculation that rarely hits is "
+                                "slower than none" % (rate * 100, floor * 100))
+            if fail_on_degraded:
+                result.update(failed=True, msg=result["reason"])
+            else:
+                result.setdefault("warnings", []).append(result["reason"])

@@ -1,0 +1,552 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: inference_ready
+short_description: Wait until a vLLM or SGLang server answers a real completion, and read its speculation metrics
+version_added: 0.1.0
+description:
+  - Polls the server's health endpoint until it answers (vLLM C(/health) 200; SGLang C(/health) 200, then C(/ready)
+    200). Connection refused is normal while a model loads, since neither engine listens before it is ready.
+  - With O(unit), reads the unit's state on every poll and fails at once, with the unit's last journal lines, when it
+    dies, stops or restarts (C(NRestarts) or C(InvocationID) changes) instead of waiting for the deadline.
+  - Once healthy, checks that C(/v1/models) lists O(served_name), sends O(completions) real completions (with
+    O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
+    C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
+    SGLang C(sglang:spec_accept_rate) and C(sglang:spec_accept_length), which need C(--enable-metrics)).
+  - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
+    until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
+  - Changes nothing on the host. C(changed) is always false.
+author:
+  - cleanslate.gpu maintainers (@cleanslate)
+requirements:
+  - systemd (C(systemctl), C(journalctl)) on the host when O(unit) is set
+attributes:
+  check_mode:
+    description: Read-only; check mode polls the same way.
+    support: full
+  diff_mode:
+    description: Nothing changes, so there is no diff.
+    support: none
+  platform:
+    description: Linux hosts.
+    support: full
+    platforms: posix
+options:
+  engine:
+    description: The engine, which decides the health endpoints and the metric names.
+    type: str
+    required: true
+    choices: [vllm, sglang]
+  url:
+    description: The server's base URL as the host reaches it, for example C(http://127.0.0.1:8000).
+    type: str
+    required: true
+  unit:
+    description:
+      - The server's systemd unit, watched while waiting. Empty means none (a server started some other way).
+    type: str
+    default: ""
+  served_name:
+    description: The model name C(/v1/models) must list, used in the completions.
+    type: str
+    required: true
+  api_key:
+    description: "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
+    type: str
+    default: ""
+  mode:
+    description:
+      - V(gate) waits for readiness, then runs the smoke test. V(probe) looks once (unit state and health) and
+        never fails for an unhealthy server; it reports RV(healthy).
+    type: str
+    default: gate
+    choices: [gate, probe]
+  timeout:
+    description:
+      - Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the module
+        itself waits at most O(progress_interval) per call.
+    type: int
+    default: 3600
+  progress_interval:
+    description: Longest time, in seconds, one module call waits before it returns to print progress.
+    type: int
+    default: 30
+  poll_interval:
+    description: Seconds between two health polls.
+    type: float
+    default: 1
+  request_timeout:
+    description: Seconds one completion or C(/v1/models) request may take.
+    type: float
+    default: 120
+  prompt:
+    description: The prompt of the smoke completions.
+    type: str
+    default: The capital of France is
+  max_tokens:
+    description: Tokens each smoke completion generates.
+    type: int
+    default: 16
+  completions:
+    description: How many smoke completions to send; the first one's latency is reported.
+    type: int
+    default: 3
+  speculative:
+    description: Whether speculative decoding is configured, so that its metrics are read back.
+    type: bool
+    default: false
+  min_acceptance_rate:
+    description:
+      - With O(speculative), an acceptance rate below this makes RV(status) V(degraded) (a warning); 0 means no floor.
+    type: float
+    default: 0
+  fail_on_degraded:
+    description: Fail when RV(status) is V(degraded).
+    type: bool
+    default: false
+  started:
+    description:
+      - Whether the server was (re)started by this run. Only then is RV(ready_s), the time from the unit's start
+        to readiness, reported.
+    type: bool
+    default: false
+  journal_lines:
+    description: How many of the unit's last journal lines a failure shows.
+    type: int
+    default: 20
+  wait:
+    description:
+      - Internal, set by the action plugin - seconds this call polls before it returns with RV(state) V(waiting).
+    type: float
+    default: 0
+  baseline:
+    description:
+      - Internal, set by the action plugin - the unit's C(InvocationID) and C(NRestarts) when the wait began.
+    type: dict
+    default: {}
+  with_journal:
+    description: Internal, set by the action plugin - return the journal lines with RV(state) V(waiting).
+    type: bool
+    default: false
+notes:
+  - The requests go straight to O(url), never through a proxy from the host's environment.
+seealso:
+  - name: vLLM metrics
+    description: The spec decode counters and how vLLM derives the acceptance rate from them.
+    link: https://docs.vllm.ai/en/latest/design/metrics.html
+"""
+
+EXAMPLES = r"""
+- name: Wait up to an hour for the server to answer a completion
+  cleanslate.gpu.inference_ready:
+    engine: vllm
+    url: http://127.0.0.1:8000
+    unit: vllm.service
+    served_name: llama-70b
+    speculative: true
+    min_acceptance_rate: 0.3
+    timeout: 3600
+  register: gate
+
+- name: Is the server healthy now? (one look, never fails)
+  cleanslate.gpu.inference_ready:
+    engine: sglang
+    url: http://127.0.0.1:30000
+    unit: sglang.service
+    served_name: deepseek
+    mode: probe
+  register: probe
+"""
+
+RETURN = r"""
+state:
+  description: V(ready), V(waiting) (one call's wait ran out; the action plugin calls again) or V(unhealthy) (probe).
+  returned: always
+  type: str
+  sample: ready
+status:
+  description: V(ready), or V(degraded) when the acceptance rate is below O(min_acceptance_rate). Set by the action.
+  returned: when the gate passed
+  type: str
+  sample: ready
+reason:
+  description: Why RV(status) is not V(ready), or a note about the acceptance rate.
+  returned: when the gate passed
+  type: str
+  sample: "acceptance rate 0.15 below inference_service_min_acceptance_rate 0.3"
+healthy:
+  description: Whether the health endpoints answered (and, with O(unit), the unit is active).
+  returned: always
+  type: bool
+  sample: true
+last_seen:
+  description: What the last poll saw, for example C(connection refused), C(HTTP 503) or C(HTTP 200).
+  returned: always
+  type: str
+  sample: connection refused
+unit:
+  description: The unit's state at the last poll (C(systemctl show) properties).
+  returned: when O(unit) is set
+  type: dict
+  sample: {"ActiveState": "active", "SubState": "running", "MainPID": "4242", "NRestarts": "0"}
+baseline:
+  description: The unit's C(InvocationID) and C(NRestarts) when the wait began.
+  returned: when O(unit) is set
+  type: dict
+  sample: {"invocation_id": "4b3c0f0e2b8a4c1d9f7e6a5b4c3d2e1f", "n_restarts": 0}
+polls:
+  description: Health polls made.
+  returned: always
+  type: int
+  sample: 12
+ready_monotonic:
+  description: The host's CLOCK_MONOTONIC, in seconds, when the health endpoints first answered.
+  returned: when the server is ready
+  type: float
+  sample: 18234.51
+ready_s:
+  description: Seconds from the unit's start to readiness; only when O(started) and O(unit) are set.
+  returned: when the server is ready
+  type: float
+  sample: 412.7
+gate_s:
+  description: Seconds the whole wait took, all calls together. Set by the action.
+  returned: when the gate passed
+  type: float
+  sample: 413.2
+models:
+  description: The model ids C(/v1/models) lists.
+  returned: when the server is ready in gate mode
+  type: list
+  elements: str
+  sample: ["llama-70b"]
+first_completion_ms:
+  description: Milliseconds the first smoke completion took.
+  returned: when the server is ready in gate mode
+  type: float
+  sample: 842.1
+completions_ms:
+  description: Milliseconds of every smoke completion.
+  returned: when the server is ready in gate mode
+  type: list
+  elements: float
+  sample: [842.1, 310.4, 298.8]
+completion:
+  description: The first completion's text (at most 200 characters).
+  returned: when the server is ready in gate mode
+  type: str
+  sample: " Paris. It is also the largest city"
+speculation:
+  description:
+    - The acceptance read back from C(/metrics). C(acceptance_rate) is accepted / drafted tokens, C(mean_acceptance_length)
+      includes the bonus token (1 + accepted / drafts); both null when nothing was drafted or the metrics are missing
+      (C(available) false, with C(note)).
+  returned: when O(speculative) and the server is ready in gate mode
+  type: dict
+  sample: {"available": true, "acceptance_rate": 0.71, "mean_acceptance_length": 3.13, "drafts": 120,
+           "draft_tokens": 360, "accepted_tokens": 255, "source": "vllm:spec_decode_* counters"}
+journal:
+  description: The unit's last journal lines, when it died or the wait ran out.
+  returned: when the unit died, or on request
+  type: list
+  elements: str
+  sample: ["torch.OutOfMemoryError: CUDA out of memory.", "inference-server.service: Main process exited, code=exited, status=1/FAILURE"]
+"""
+
+import json
+import math
+import re
+import socket
+import time
+from http.client import HTTPException
+from urllib.error import HTTPError, URLError
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
+                   "ExecMainStatus", "ExecMainStartTimestampMonotonic")
+PROBE_TIMEOUT_S = 5
+METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+VLLM_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+
+
+class GateError(Exception):
+    """The server or its unit failed; the message is for the user."""
+
+    def __init__(self, msg, **result):
+        super().__init__(msg)
+        self.result = result
+
+
+def unit_state(module, unit):
+    argv = ["systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--", unit]
+    rc, out, err = module.run_command(argv)
+    if rc != 0:
+        raise GateError("systemctl show %s failed: %s" % (unit, (err or out).strip()))
+    state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {key: state.get(key, "") for key in UNIT_PROPERTIES}
+
+
+def journal(module, unit, lines):
+    rc, out, dummy = module.run_command(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager",
+                                         "--output", "cat"])
+    return out.splitlines()[-lines:] if rc == 0 else []
+
+
+def death(state, baseline):
+    """Why the unit is no longer the one that was started, or None while it lives."""
+    if state["LoadState"] == "not-found":
+        return "is not installed"
+    if state["ActiveState"] in ("failed", "inactive", "deactivating") or state["SubState"] == "auto-restart":
+        return "died (%s, %s, result %s, exit status %s)" % (
+            state["ActiveState"], state["SubState"], state["Result"], state["ExecMainStatus"] or "-")
+    if baseline.get("invocation_id") and state["InvocationID"] != baseline["invocation_id"]:
+        return "restarted (a new invocation, main pid %s)" % state["MainPID"]
+    if int(state["NRestarts"] or 0) > int(baseline.get("n_restarts", 0)):
+        return "restarted (NRestarts %s)" % state["NRestarts"]
+    return None
+
+
+def request(url, api_key, timeout, data=None):
+    """(HTTP status, body) or raises URLError/socket errors; HTTP errors return their status."""
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    if data is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(data)
+    try:
+        response = open_url(url, method="POST" if data is not None else "GET", data=data, headers=headers,
+                            timeout=timeout, use_proxy=False, follow_redirects="none")
+        return response.getcode(), response.read()
+    except HTTPError as exc:
+        return exc.code, exc.read() if hasattr(exc, "read") else b""
+
+
+def seen_error(exc, timeout):
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(reason, (socket.timeout, TimeoutError)):
+        return "no answer within %s s" % timeout
+    return str(reason) or type(reason).__name__
+
+
+def probe(base, engine, api_key):
+    """(healthy, what was seen)."""
+    paths = ["/health", "/ready"] if engine == "sglang" else ["/health"]
+    for path in paths:
+        try:
+            status, dummy = request(base + path, api_key, PROBE_TIMEOUT_S)
+        except (URLError, OSError, HTTPException) as exc:
+            return False, seen_error(exc, PROBE_TIMEOUT_S)
+        if status != 200:
+            return False, "%s HTTP %d" % (path, status)
+    return True, "HTTP 200"
+
+
+def wait_healthy(module, params, baseline):
+    """Poll until healthy or the call's wait runs out; raise GateError when the unit dies.
+
+    The health probe comes first and its answer is timed before the unit is read, and polls
+    keep a fixed cadence (the time a poll takes is not added to the interval): readiness is
+    seen within one poll interval."""
+    started = time.monotonic()
+    deadline = started + max(0.0, params["wait"])
+    polls = 0
+    state = {}
+    while True:
+        healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
+        seen_at = time.monotonic()
+        polls += 1
+        if params["unit"]:
+            state = unit_state(module, params["unit"])
+            if not baseline:
+                baseline = {"invocation_id": state["InvocationID"], "n_restarts": int(state["NRestarts"] or 0)}
+            died = death(state, baseline)
+            if died:
+                lines = journal(module, params["unit"], params["journal_lines"])
+                raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
+                                % (params["unit"], died, "\n".join(lines) or "(none)"),
+                                unit=state, journal=lines, baseline=baseline, polls=polls)
+        if healthy or seen_at >= deadline:
+            return healthy, seen, state, baseline, polls, seen_at
+        next_poll = started + polls * params["poll_interval"]
+        time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
+
+
+def look(module, params):
+    """One look for the probe mode: is the unit running and does the server answer?"""
+    result = {"changed": False, "polls": 1}
+    if params["unit"]:
+        state = unit_state(module, params["unit"])
+        result["unit"] = state
+        if state["ActiveState"] != "active":
+            died = death(state, {}) or "is %s (%s)" % (state["ActiveState"], state["SubState"])
+            return dict(result, state="unhealthy", healthy=False, last_seen="unit %s %s" % (params["unit"], died))
+    healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
+    return dict(result, state="ready" if healthy else "unhealthy", healthy=healthy, last_seen=seen)
+
+
+def smoke(params):
+    """/v1/models lists the served name; real completions return text."""
+    base = params["url"].rstrip("/")
+    timeout = params["request_timeout"]
+    try:
+        status, body = request(base + "/v1/models", params["api_key"], timeout)
+        if status != 200:
+            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, body[:300].decode("utf-8", "replace")))
+        models = [entry.get("id") for entry in json.loads(body).get("data", [])]
+        if params["served_name"] not in models:
+            raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], models),
+                            models=models)
+        times, texts = [], []
+        for dummy in range(params["completions"]):
+            started = time.monotonic()
+            status, body = request(base + "/v1/completions", params["api_key"], timeout, data={
+                "model": params["served_name"], "prompt": params["prompt"], "max_tokens": params["max_tokens"],
+                "temperature": 0})
+            times.append(round((time.monotonic() - started) * 1000, 1))
+            if status != 200:
+                raise GateError("POST /v1/completions answered HTTP %d: %s"
+                                % (status, body[:300].decode("utf-8", "replace")), models=models)
+            choices = json.loads(body).get("choices") or [{}]
+            text = choices[0].get("text") or ""
+            if not text.strip():
+                raise GateError("POST /v1/completions returned no text: %s" % body[:300].decode("utf-8", "replace"),
+                                models=models)
+            texts.append(text)
+    except (URLError, OSError, HTTPException) as exc:
+        raise GateError("the server stopped answering during the smoke test: %s" % seen_error(exc, timeout))
+    except ValueError as exc:
+        raise GateError("the server answered something that is not the OpenAI JSON: %s" % exc)
+    return {"models": models, "first_completion_ms": times[0] if times else None, "completions_ms": times,
+            "completion": texts[0][:200] if texts else ""}
+
+
+def parse_metrics(text):
+    """{name: [value, ...]} over every label set of the Prometheus text format."""
+    values = {}
+    for line in text.splitlines():
+        match = METRIC_LINE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        try:
+            value = float(match.group("value"))
+        except ValueError:
+            continue
+        values.setdefault(match.group("name"), []).append(value)
+    return values
+
+
+def counter(values, name):
+    """A counter summed over its label sets (engines, data-parallel ranks); exposed with _total."""
+    found = values.get(name + "_total", values.get(name))
+    return sum(found) if found else None
+
+
+def speculation(params):
+    try:
+        status, body = request(params["url"].rstrip("/") + "/metrics", params["api_key"], params["request_timeout"])
+    except (URLError, OSError, HTTPException) as exc:
+        return {"available": False, "note": "/metrics: %s" % seen_error(exc, params["request_timeout"])}
+    if status != 200:
+        return {"available": False, "note": "/metrics answered HTTP %d" % status}
+    values = parse_metrics(body.decode("utf-8", "replace"))
+    if params["engine"] == "vllm":
+        counts = {key: counter(values, name) for key, name in VLLM_COUNTERS.items()}
+        if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
+            return {"available": False, "note": "/metrics has no vllm:spec_decode_* counters (is --disable-log-stats set?)"}
+        rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else None
+        length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
+        result = dict({key: int(value or 0) for key, value in counts.items()}, source="vllm:spec_decode_* counters")
+    else:
+        rates = [v for v in values.get("sglang:spec_accept_rate", []) if math.isfinite(v)]
+        lengths = [v for v in values.get("sglang:spec_accept_length", []) if math.isfinite(v)]
+        if "sglang:spec_accept_rate" not in values:
+            return {"available": False, "note": "/metrics has no sglang:spec_accept_rate"}
+        rate = sum(rates) / len(rates) if rates else None
+        length = sum(lengths) / len(lengths) if lengths else None
+        result = {"source": "sglang:spec_accept_rate and sglang:spec_accept_length gauges"}
+    result.update(available=True, acceptance_rate=None if rate is None else round(rate, 4),
+                  mean_acceptance_length=None if length is None else round(length, 3))
+    if rate is None:
+        result["note"] = "nothing was drafted yet"
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "engine": {"type": "str", "required": True, "choices": ["vllm", "sglang"]},
+            "url": {"type": "str", "required": True},
+            "unit": {"type": "str", "default": ""},
+            "served_name": {"type": "str", "required": True},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "mode": {"type": "str", "default": "gate", "choices": ["gate", "probe"]},
+            "timeout": {"type": "int", "default": 3600},
+            "progress_interval": {"type": "int", "default": 30},
+            "poll_interval": {"type": "float", "default": 1},
+            "request_timeout": {"type": "float", "default": 120},
+            "prompt": {"type": "str", "default": "The capital of France is"},
+            "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
+            "completions": {"type": "int", "default": 3},
+            "speculative": {"type": "bool", "default": False},
+            "min_acceptance_rate": {"type": "float", "default": 0},
+            "fail_on_degraded": {"type": "bool", "default": False},
+            "started": {"type": "bool", "default": False},
+            "journal_lines": {"type": "int", "default": 20},
+            "wait": {"type": "float", "default": 0},
+            "baseline": {"type": "dict", "default": {}},
+            "with_journal": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    problems = []
+    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0)):
+        value = params[name]
+        if not math.isfinite(value) or value < low:
+            problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
+    if params["completions"] < 1 or params["max_tokens"] < 1 or params["journal_lines"] < 1:
+        problems.append("completions, max_tokens and journal_lines must be 1 or more")
+    if not re.match(r"^https?://[^/\s]+/?$", params["url"]):
+        problems.append("url must be http(s)://host:port, got %r" % params["url"])
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    result = {"changed": False}
+    try:
+        if params["mode"] == "probe":
+            module.exit_json(**look(module, params))
+        healthy, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
+        result.update(healthy=healthy, last_seen=seen, polls=polls)
+        if params["unit"]:
+            result.update(unit=state, baseline=baseline)
+        if not healthy:
+            result["state"] = "waiting"
+            if params["with_journal"] and params["unit"]:
+                result["journal"] = journal(module, params["unit"], params["journal_lines"])
+            module.exit_json(**result)
+        result.update(state="ready", ready_monotonic=round(ready_at, 3))
+        started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
+        if params["started"] and started > 0:
+            result["ready_s"] = round(ready_at - started, 2)
+        result.update(smoke(params))
+        if params["speculative"]:
+            result["speculation"] = speculation(params)
+    except GateError as exc:
+        result.update(exc.result)
+        module.fail_json(msg=str(exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""The readiness gate module (plugins/modules/inference_ready.py) run as Ansible runs it, against
+the stand-in engine on this machine (no systemd unit here: the fleet tests cover the unit's death
+and restarts). The stand-in helpers are in standin.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.functional.standin import engine, node  # noqa: F401  # pylint: disable=unused-import
+from tests.run_module import run_module
+
+SPEC = '{"method": "ngram", "num_speculative_tokens": 4}'
+
+
+def gate(served, engine_name="vllm", **params):
+    args = {"engine": engine_name, "url": "http://127.0.0.1:%d" % served.port, "served_name": "llama",
+            "wait": 60, "poll_interval": 0.1, "completions": 2, "max_tokens": 25}
+    args.update(params)
+    return run_module("inference_ready", args)
+
+
+def test_the_gate_waits_through_connection_refused_then_answers_with_the_smoke_test_and_acceptance(node):  # noqa: F811
+    hold = node["tmp"] / "loading"
+    hold.touch()
+    with engine(node, "vllm", ["--served-model-name", "llama", "--speculative-config", SPEC],
+                STANDIN_LOAD_S=0, STANDIN_HOLD_FILE=hold, STANDIN_ACCEPTANCE=0.25) as served:
+        # A round of the gate (the action plugin runs the module in rounds) while the model loads.
+        result = gate(served, speculative=True, wait=0.5)
+        assert result["rc"] == 0 and result["state"] == "waiting" and result["last_seen"] == "connection refused"
+        assert result["polls"] >= 1
+        hold.unlink()  # loading ends; the next round waits for it and answers
+        result = gate(served, speculative=True)
+        assert result["rc"] == 0 and result["state"] == "ready" and result["healthy"], result
+        assert result["models"] == ["llama"]
+        assert result["completion"].strip() and len(result["completions_ms"]) == 2
+        assert result["first_completion_ms"] == result["completions_ms"][0]
+        spec = result["speculation"]
+        assert spec["available"] and spec["source"] == "vllm:spec_decode_* counters"
+        assert spec["drafts"] == 50 and spec["draft_tokens"] == 200 and spec["accepted_tokens"] == 50
+        assert spec["acceptance_rate"] == 0.25 and spec["mean_acceptance_length"] == 2.0
+        assert result["ready_monotonic"] >= served.state["ready_monotonic"]
+        assert not result["changed"]
+
+
+def test_a_wait_that_runs_out_returns_waiting_with_what_it_saw(node):  # noqa: F811
+    with engine(node, "vllm", [], STANDIN_FAULT="never_ready") as served:
+        result = gate(served, wait=0.5)
+        assert result["rc"] == 0 and result["state"] == "waiting" and not result["healthy"]
+        assert result["last_seen"] == "connection refused"
+
+
+def test_sglang_is_ready_only_after_its_warmup_and_ready_endpoint(node):  # noqa: F811
+    with engine(node, "sglang", ["--served-model-name", "llama"], STANDIN_WARMUP_S=3600) as served:
+        served.wait_ready()
+        result = gate(served, engine_name="sglang", wait=0.3)
+        assert result["state"] == "waiting" and result["last_seen"] == "/health HTTP 503"
+        probe = gate(served, engine_name="sglang", mode="probe")
+        assert probe["rc"] == 0 and probe["healthy"] is False and probe["state"] == "unhealthy"
+
+
+def test_the_api_key_is_sent_and_never_returned(node):  # noqa: F811
+    with engine(node, "vllm", ["--served-model-name", "llama"], VLLM_API_KEY="k3y-$ecret") as served:
+        served.wait_ready()
+        refused = gate(served)
+        assert refused["rc"] == 1 and "GET /v1/models answered HTTP 401" in refused["msg"]
+        result = gate(served, api_key="k3y-$ecret")
+        assert result["rc"] == 0 and result["state"] == "ready"
+        assert "k3y-$ecret" not in str(result)
+
+
+def test_a_served_name_the_server_does_not_list_fails_with_what_it_lists(node):  # noqa: F811
+    with engine(node, "vllm", ["--served-model-name", "other"]) as served:
+        served.wait_ready()
+        result = gate(served)
+        assert result["rc"] == 1
+        assert result["msg"] == "GET /v1/models does not list 'llama' (it lists ['other'])"
+
+
+def test_missing_metrics_say_why_instead_of_a_rate(node):  # noqa: F811
+    with engine(node, "sglang", ["--served-model-name", "llama", "--speculative-algorithm", "NGRAM"]) as served:
+        served.wait_ready()
+        result = gate(served, engine_name="sglang", speculative=True)
+        assert result["rc"] == 0
+        assert result["speculation"] == {"available": False, "note": "/metrics answered HTTP 404"}
+
+
+def test_probe_of_a_closed_port_is_unhealthy_not_failed(node):  # noqa: F811
+    with engine(node, "vllm", [], STANDIN_FAULT="never_ready") as served:
+        result = gate(served, mode="probe")
+        assert result["rc"] == 0 and result["healthy"] is False and result["last_seen"] == "connection refused"
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"url": "ftp://127.0.0.1:1"}, "url must be http(s)://host:port"),
+    ({"url": "http://127.0.0.1:1/v1"}, "url must be http(s)://host:port"),
+    ({"poll_interval": 0}, "poll_interval must be a finite number of at least 0.01"),
+    ({"poll_interval": math.nan}, "poll_interval must be a finite number"),
+    ({"wait": -1}, "wait must be a finite number of at least 0"),
+    ({"wait": math.inf}, "wait must be a finite number"),
+    ({"completions": 0}, "completions, max_tokens and journal_lines must be 1 or more"),
+    ({"max_tokens": -5}, "completions, max_tokens and journal_lines must be 1 or more"),
+    ({"engine": "tgi"}, "value of engine must be one of: vllm, sglang"),
+])
+def test_bad_parameters_fail_before_any_request(params, message):
+    args = {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "m"}
+    args.update(params)
+    result = run_module("inference_ready", args)
+    assert result["rc"] == 1 and message in result["msg"], result
