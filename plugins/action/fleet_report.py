@@ -147,7 +147,7 @@ def seconds_per_step(steps: Mapping) -> dict:
 
 
 def not_run_row(host: str, why: str) -> dict:
-    return {"host": host, "status": "not run", "ok": False, "changed": False, "killed": 0, "mib_freed": 0,
+    return {"host": host, "status": "not run", "ok": False, "reset_ok": False, "changed": False, "killed": 0, "mib_freed": 0,
             "mib_freed_per_gpu": {}, "gpus_lost": [], "shm_bytes_freed": 0, "bytecode_removed": 0, "seconds": 0.0,
             "seconds_per_step": {}, "problems": [why]}
 
@@ -173,6 +173,8 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
         "host": host,
         "status": str(result.get("status") or "failed"),
         "ok": bool(result.get("ok")),
+        # node_reset's own verdict: `ok` may still be and-ed with what a playbook adds (rows).
+        "reset_ok": bool(result.get("ok")),
         "changed": bool(result.get("changed")),
         "killed": _number(result.get("killed_count")) or 0,
         "mib_freed": sum(freed.values()),

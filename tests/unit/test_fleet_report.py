@@ -109,6 +109,8 @@ def test_added_rows_add_keys_append_problems_and_can_only_make_a_host_worse():
                       {"host": "node3", "service": "down"}])
     by_host = {row["host"]: row for row in rows}
     assert by_host["node1"]["service"] == "ready" and not by_host["node1"]["ok"]
+    # The reset's own verdict stays: the playbook that added the row decides what its ok means.
+    assert by_host["node1"]["reset_ok"] and not by_host["node2"]["reset_ok"]
     assert by_host["node1"]["problems"] == ["no /health"]
     assert by_host["node3"] == {"host": "node3", "service": "down"}
     text = render_markdown("reset_and_serve", "T", rows, [{"key": "service", "title": "service"}])
