@@ -15,7 +15,8 @@ PROXMOX_VERSION := 1.4.0
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint mutate bench gpu-wheels clean
+.PHONY: setup os-deps demo test sanity pytest unit functional release integration lint changelog-lint mutate bench gpu-wheels clean \
+	dist
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -50,7 +51,7 @@ sanity: setup
 	cd $(BUILD)/ansible-test/ansible_collections/cleanslate/gpu && \
 		ansible-test sanity --venv --python 3.11 --color no
 
-pytest: unit functional integration
+pytest: unit functional release integration
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
@@ -58,6 +59,11 @@ unit: setup
 # Functional tests wait on real processes and signals: run them four at a time.
 functional: setup
 	$(PY) -m pytest tests/functional -q -n 4
+
+# The released artifact: the tarball built, installed alone outside the checkout and run by FQCN,
+# ansible-doc of everything it ships, ansible-runner as AWX runs jobs, the EE definition rendered.
+release: setup
+	$(PY) -m pytest tests/release -q
 
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: setup
@@ -75,6 +81,10 @@ mutate: setup
 
 bench: setup
 	$(PY) -m bench
+
+# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz.
+dist: setup
+	ansible-galaxy collection build --force --output-path $(BUILD)/dist
 
 # The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
 gpu-wheels:
