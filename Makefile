@@ -16,7 +16,7 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional release integration lint changelog-lint mutate bench gpu-wheels clean \
-	dist
+	dist ee versions changelog-release
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -67,7 +67,7 @@ release: setup
 
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: setup
-	$(PY) -m pytest tests/integration -q
+	$(PY) -m pytest tests/integration -q -m "not ee"
 
 lint: setup
 	ansible-lint --profile production
@@ -85,6 +85,22 @@ bench: setup
 # The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz.
 dist: setup
 	ansible-galaxy collection build --force --output-path $(BUILD)/dist
+
+# The execution environment of execution-environment.yml, built here without a registry or Galaxy
+# (podman, a Debian base image made with mmdebstrap, local collection tarballs; tools/ee/build.py),
+# then reset.yml run inside it against the test fleet (tests/integration/test_ee.py). About
+# EE_TIME cold on 2 cores, seconds when the image is cached: not part of `make test`.
+ee: setup
+	apt-get install -y -qq podman runc >/dev/null
+	$(PY) tools/ee/build.py
+	CLEANSLATE_EE_IMAGE=localhost/cleanslate-gpu-ee:$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') \
+		$(PY) -m pytest tests/integration/test_ee.py -q -m ee
+
+# The declared versions: unit tests on Python 3.11-3.13, gpu_reset's and shm_clean's functional
+# tests with the modules on Python 3.9, the release tests on ansible-core 2.17 and 2.18, each in a
+# scratch venv under build/venvs (tools/versions.py). Not part of `make test`: VERSIONS_TIME.
+versions: setup
+	$(PY) tools/versions.py
 
 # The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
 gpu-wheels:

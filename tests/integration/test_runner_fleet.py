@@ -18,21 +18,23 @@ def release_tarball(tmp_path_factory):
     return build_tarball(tmp_path_factory.mktemp("dist"))
 
 
-def _job_dir(fleet, manifests, tarball, tmp_path):
+def job_dir(fleet, manifests, tarball, tmp_path, report_path=None):
+    """A private data directory for a job on the crashed fleet: the inventory with each host's
+    role variables and no key file, the key as AWX's machine credential (env/ssh_key)."""
     inventory = yaml.safe_load(fleet.inventory.read_text())
     group = inventory["all"]["children"]["gpu_nodes"]
     key = group["vars"].pop("ansible_ssh_private_key_file")
     for name, manifest in manifests.items():
         group["hosts"][name].update(_role_vars(manifest))
-    pdd = private_data_dir(tmp_path / "pdd", tarball, tmp_path / "worker", inventory,
-                           {"fleet_report_path": str(tmp_path / "reports")})
+    pdd = private_data_dir(tmp_path / "pdd", inventory, {"fleet_report_path": report_path or str(tmp_path / "reports")},
+                           tarball, tmp_path / "worker")
     (pdd / "env" / "ssh_key").write_text(open(key).read())
     return pdd
 
 
 def test_reset_and_verify_jobs_over_ssh_succeed_and_carry_each_hosts_result(
         fleet, crashed_fleet, release_tarball, tmp_path):  # noqa: F811 pylint: disable=redefined-outer-name
-    pdd = _job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
+    pdd = job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
     job = run_job(pdd, "playbooks/reset.yml", tmp_path / "worker", "reset")
     assert (job.status, job.rc) == ("successful", 0), job.stdout[-6000:]
     results = job.node_reset_results()
@@ -52,7 +54,7 @@ def test_reset_and_verify_jobs_over_ssh_succeed_and_carry_each_hosts_result(
 def test_a_host_that_does_not_answer_fails_the_job_with_the_report_written(
         fleet, crashed_fleet, release_tarball, tmp_path):  # noqa: F811 pylint: disable=redefined-outer-name
     fleet.poweroff("node3")
-    pdd = _job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
+    pdd = job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
     job = run_job(pdd, "playbooks/reset.yml", tmp_path / "worker", "reset")
     assert (job.status, job.rc) == ("failed", 4), job.stdout[-6000:]
     rows = {row["host"]: row for row in job.fleet_report()["rows"]}

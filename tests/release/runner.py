@@ -45,38 +45,44 @@ class Job:
         return next(iter(found.values()))
 
 
-def private_data_dir(pdd: Path, tarball: Path, worker_dir: Path, inventory: dict, extravars: dict,
-                     envvars: dict | None = None) -> Path:
+def private_data_dir(pdd: Path, inventory: dict, extravars: dict, tarball: Path | None = None,
+                     worker_dir: Path | None = None, envvars: dict | None = None) -> Path:
     """Lay out `pdd` as AWX does for a job of a project that is this repository.
 
-    The collection comes from the release tarball (AWX would install it from the project's
-    collections/requirements.yml; Galaxy is not reachable here). ANSIBLE_COLLECTIONS_PATH names
-    where the worker will find it, as AWX names /runner/requirements_collections."""
+    With `tarball`, the collection comes from the release tarball, installed under
+    requirements_collections (AWX installs the project's collections/requirements.yml there;
+    Galaxy is not reachable here), and ANSIBLE_COLLECTIONS_PATH names where the worker will find
+    it, as AWX names /runner/requirements_collections. Without it, the execution environment's
+    own collections are used (/usr/share/ansible/collections, in the project's ansible.cfg)."""
     copy_checkout(REPO, pdd / "project")
-    install_tarball(tarball, pdd / "requirements_collections", pdd)
-    (pdd / "ansible.cfg").unlink(missing_ok=True)  # install_tarball's own config, not AWX's
+    variables = dict(envvars or {})
+    if tarball:
+        install_tarball(tarball, pdd / "requirements_collections", pdd)
+        (pdd / "ansible.cfg").unlink(missing_ok=True)  # install_tarball's own config, not AWX's
+        variables.update(ANSIBLE_COLLECTIONS_PATH=str(worker_dir / "requirements_collections"),
+                         ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="False")
     (pdd / "inventory").mkdir()
     (pdd / "inventory" / "hosts").write_text(json.dumps(inventory))
     (pdd / "env").mkdir()
     (pdd / "env" / "extravars").write_text(yaml.safe_dump(extravars))
-    (pdd / "env" / "envvars").write_text(yaml.safe_dump(dict({
-        "ANSIBLE_COLLECTIONS_PATH": str(worker_dir / "requirements_collections"),
-        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "False",
-    }, **(envvars or {}))))
+    if variables:
+        (pdd / "env" / "envvars").write_text(yaml.safe_dump(variables))
     return pdd
 
 
 def run_job(pdd: Path, playbook: str, worker_dir: Path, ident: str, timeout: float = 540,
-            limit: str = "gpu_nodes") -> Job:
+            limit: str = "gpu_nodes", worker: list | None = None) -> Job:
     """transmit | worker | process, as AWX's control and execution nodes do; the artifacts land in
-    pdd/artifacts/IDENT."""
+    pdd/artifacts/IDENT. `worker`: the worker's command line, e.g. `podman run -i <EE>
+    ansible-runner worker ...` as an execution node runs it in the job's execution environment;
+    by default `ansible-runner worker` on this machine, in worker_dir."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")
            and key != "PYTHONPATH"}
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     runner = str(BIN / "ansible-runner")
     transmit = subprocess.Popen([runner, "transmit", str(pdd), "-p", playbook, "--ident", ident, "--limit", limit],
                                 stdout=subprocess.PIPE, env=env)
-    worker = subprocess.Popen([runner, "worker", "--private-data-dir", str(worker_dir), "--delete"],
+    worker = subprocess.Popen(worker or [runner, "worker", "--private-data-dir", str(worker_dir), "--delete"],
                               stdin=transmit.stdout, stdout=subprocess.PIPE, env=env)
     transmit.stdout.close()
     process = subprocess.run([runner, "process", str(pdd), "--ident", ident], stdin=worker.stdout,

@@ -21,8 +21,8 @@ def test_reset_then_verify_jobs_succeed_and_their_events_carry_each_hosts_result
         release_tarball, crashed_node, tmp_path):
     reports = tmp_path / "reports"
     worker = tmp_path / "worker"
-    pdd = private_data_dir(tmp_path / "pdd", release_tarball, worker, _inventory(**{"simulated-node": SIMULATED}),
-                           node_reset_vars(crashed_node, fleet_report_path=str(reports)))
+    pdd = private_data_dir(tmp_path / "pdd", _inventory(**{"simulated-node": SIMULATED}),
+                           node_reset_vars(crashed_node, fleet_report_path=str(reports)), release_tarball, worker)
 
     job = run_job(pdd, "playbooks/reset.yml", worker, "reset")
     assert (job.status, job.rc) == ("successful", 0), job.stdout[-3000:]
@@ -44,9 +44,8 @@ def test_a_failing_host_fails_the_job_and_the_report_is_still_written(release_ta
     the events carry the failure of the host that is not ok."""
     reports = tmp_path / "reports"
     worker = tmp_path / "worker"
-    pdd = private_data_dir(tmp_path / "pdd", release_tarball, worker,
-                           _inventory(**{"simulated-node": SIMULATED, "broken-node": BROKEN}),
-                           node_reset_vars(crashed_node, fleet_report_path=str(reports)))
+    pdd = private_data_dir(tmp_path / "pdd", _inventory(**{"simulated-node": SIMULATED, "broken-node": BROKEN}),
+                           node_reset_vars(crashed_node, fleet_report_path=str(reports)), release_tarball, worker)
     job = run_job(pdd, "playbooks/reset.yml", worker, "reset")
     assert (job.status, job.rc) == ("failed", 2), job.stdout[-3000:]
     rows = {row["host"]: row for row in job.fleet_report()["rows"]}

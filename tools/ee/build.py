@@ -6,7 +6,9 @@ or Galaxy: `make ee`.
 2. The two collections as local tarballs under build/ee/collections: cleanslate.gpu built from
    this checkout (`ansible-galaxy collection build`, as released), community.proxmox packed from
    the copy `make setup` installed out of the pinned `ansible` wheel (an installed collection is
-   its artifact's MANIFEST.json, FILES.json and files).
+   its artifact's MANIFEST.json, FILES.json and files; the wheel leaves out the collection's
+   tests and CI files, so FILES.json is narrowed to the files present and MANIFEST.json given
+   its new checksum, and ansible-galaxy still checks every file against it).
 3. build/ee/execution-environment.yml: the repository's definition with its galaxy requirements
    pointing at those tarballs (and copied into the build context); nothing else changes.
 4. `ansible-builder build` with podman (runc, no default ulimits: tools/ee/containers.conf).
@@ -15,6 +17,8 @@ Prints the image name and the time of each step. Usage: python tools/ee/build.py
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import subprocess
@@ -56,11 +60,19 @@ def collection_tarballs() -> list:
         old.unlink()
     _run([BIN / "ansible-galaxy", "collection", "build", "--force", "--output-path", dest, REPO],
          stdout=subprocess.DEVNULL)
-    manifest = json.loads((PROXMOX / "MANIFEST.json").read_text())["collection_info"]
-    proxmox = dest / f"community-proxmox-{manifest['version']}.tar.gz"
+    manifest = json.loads((PROXMOX / "MANIFEST.json").read_text())
+    proxmox = dest / f"community-proxmox-{manifest['collection_info']['version']}.tar.gz"
+    files = json.loads((PROXMOX / "FILES.json").read_text())
+    files["files"] = [entry for entry in files["files"] if entry["name"] == "." or (PROXMOX / entry["name"]).exists()]
+    files_json = json.dumps(files, indent=4).encode()
+    manifest["file_manifest_file"]["chksum_sha256"] = hashlib.sha256(files_json).hexdigest()
     with tarfile.open(proxmox, "w:gz") as tar:
-        for path in sorted(PROXMOX.iterdir()):
-            tar.add(path, arcname=path.name)
+        for name, data in (("MANIFEST.json", json.dumps(manifest, indent=4).encode()), ("FILES.json", files_json)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        for entry in files["files"][1:]:
+            tar.add(PROXMOX / entry["name"], arcname=entry["name"], recursive=False)
     (ours,) = dest.glob("cleanslate-gpu-*.tar.gz")
     return [("cleanslate.gpu", ours), ("community.proxmox", proxmox)]
 
