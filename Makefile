@@ -73,6 +73,11 @@ lint: setup
 	ansible-lint --profile production
 	antsibull-changelog lint
 
+# Rehearse the release's changelog: `antsibull-changelog release` (VERSION: galaxy.yml's by default)
+# in a scratch copy under build/changelog-release, never in the checkout; prints CHANGELOG.rst's path.
+changelog-release: setup
+	$(PY) tools/changelog_release.py $(BUILD)/changelog-release $(VERSION)
+
 # Mutation check of the safety logic (tests/mutations/*.yml): each small bug applied alone to a
 # scratch copy under build/mutate must make its tests fail; at least 95% must. Not part of `make test`
 # (it runs the tests once per mutant). MUTATE_JOBS=N sets how many copies run at once.
