@@ -6,11 +6,16 @@ environment under build/venvs (packages from PyPI, the versions pinned here and 
            oldest the modules declare (tests/config.yml), with only psutil and nvidia-ml-py
            installed there and ansible's module_utils from the controller, as AnsiballZ ships them.
            A logging wrapper proves that Python 3.9 ran them.
+  sanity   ansible-test's compile and import tests on every Python ansible-core 2.19 knows and
+           pyenv has (3.8 to 3.13: modules and module_utils on all, controller plugins on 3.11+);
+           `make sanity` runs every test on 3.11 only. pyenv's shims find only its global
+           versions, and ansible-test keeps PATH alone of the environment: build/pythons holds
+           a pythonX.Y link to each interpreter, first on PATH.
   cores    the installed tarball's playbooks by FQCN, ansible-doc and the tarball's contents
            (tests/release) under the lowest and every other ansible-core release that
            meta/runtime.yml's requires_ansible admits: 2.17, 2.18 (2.19 is the project's venv).
 
-Usage: python tools/versions.py [unit] [modules] [cores]   (all three by default)
+Usage: python tools/versions.py [unit] [modules] [sanity] [cores]   (all by default)
 Prints one line per run with its time; exits non-zero when a run failed or an interpreter is missing.
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ CONSTRAINTS = REPO / "constraints.txt"
 HOST_LIBS = ["psutil==7.2.2", "nvidia-ml-py==13.615.71"]  # as pinned in requirements.txt
 TEST_TOOLS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "pytest-mock==3.17.0"]
 UNIT_PYTHONS = ("3.11", "3.12", "3.13")
+SANITY_PYTHONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
 MODULE_PYTHON = "3.9"
 # (ansible-core release, a controller Python it supports)
 CORES = (("2.17.14", "3.12"), ("2.18.19", "3.13"))
@@ -106,6 +112,23 @@ def run_modules() -> list:
     return [(f"gpu_reset and shm_clean functional tests, modules on Python {MODULE_PYTHON}", passed and ran_by_39)]
 
 
+def run_sanity() -> list:
+    links = REPO / "build" / "pythons"
+    links.mkdir(parents=True, exist_ok=True)
+    for version in SANITY_PYTHONS:
+        link = links / f"python{version}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(interpreter(version))
+    bin_dir = Path(sys.executable).parent
+    copy = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_ansible_test.py"),
+                           str(REPO / "build" / "ansible-test")], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    env = dict(os.environ, PATH=os.pathsep.join([str(links), str(bin_dir), os.environ["PATH"]]))
+    proc = subprocess.run([str(bin_dir / "ansible-test"), "sanity", "--venv", "--test", "compile", "--test", "import",
+                           "--color", "no"], cwd=copy, env=env, check=False)
+    return [(f"ansible-test sanity compile and import, Python {', '.join(SANITY_PYTHONS)}", proc.returncode == 0)]
+
+
 def run_cores() -> list:
     results = []
     for core, version in CORES:
@@ -117,7 +140,7 @@ def run_cores() -> list:
 
 
 def main(argv) -> int:
-    runs = {"unit": run_unit, "modules": run_modules, "cores": run_cores}
+    runs = {"unit": run_unit, "modules": run_modules, "sanity": run_sanity, "cores": run_cores}
     chosen = argv or list(runs)
     unknown = set(chosen) - set(runs)
     if unknown:
