@@ -25,8 +25,8 @@ def rehearse(scratch: Path, version: str | None = None) -> Path:
     copy = copy_checkout(REPO, scratch / "ansible_collections" / "cleanslate" / "gpu")
     version = version or yaml.safe_load((copy / "galaxy.yml").read_text())["version"]
     bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(scratch), PATH=os.pathsep.join([str(bin_dir),
-                                                                                         os.environ["PATH"]]))
+    path = os.pathsep.join([str(bin_dir), os.environ["PATH"]])
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(scratch), PATH=path)
     subprocess.run([str(bin_dir / "antsibull-changelog"), "release", "--version", version, "--date", "2026-01-01"],
                    cwd=copy, env=env, check=True, stdout=sys.stderr)  # stdout: the path alone
     return copy / "CHANGELOG.rst"

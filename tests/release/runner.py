@@ -91,8 +91,8 @@ def run_job(pdd: Path, playbook: str, worker_dir: Path, ident: str, timeout: flo
     codes = (transmit.wait(timeout=60), worker.wait(timeout=60))
     artifacts = pdd / "artifacts" / ident
     assert artifacts.is_dir(), process.stdout[-3000:] + process.stderr[-3000:]
-    events = [json.loads(path.read_text()) for path in sorted((artifacts / "job_events").glob("*.json"),
-                                                               key=lambda p: int(p.name.split("-")[0]))]
+    files = sorted((artifacts / "job_events").glob("*.json"), key=lambda p: int(p.name.split("-")[0]))
+    events = [json.loads(path.read_text()) for path in files]
     job = Job(status=(artifacts / "status").read_text().strip(), rc=int((artifacts / "rc").read_text()),
               stdout=(artifacts / "stdout").read_text(), events=events)
     # The worker exits with the playbook's status; AWX reads the job's from the stream, as here.
