@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.integration.test_fleet_reset import HOSTS, _alive, _targets
+from tests.integration.test_fleet_reset import HOSTS, _alive, _role_vars, _targets
 from tests.integration.test_fleet_reset import crashed_fleet  # noqa: F401 pylint: disable=unused-import
 from tests.integration.test_runner_fleet import job_dir
 from tests.release.artifact import REPO
@@ -56,7 +56,8 @@ def test_the_image_has_the_controller_side_and_none_of_the_hosts_libraries(image
 def test_reset_runs_inside_the_ee_against_the_fleet_with_the_report_in_the_artifacts(
         image, fleet, crashed_fleet, tmp_path):  # noqa: F811 pylint: disable=redefined-outer-name
     ident = "reset"
-    pdd = job_dir(fleet, crashed_fleet, None, tmp_path, report_path=f"{WORKER_DIR}/artifacts/{ident}/reports")
+    pdd = job_dir(fleet, {name: _role_vars(manifest) for name, manifest in crashed_fleet.items()}, None, tmp_path,
+                  report_path=f"{WORKER_DIR}/artifacts/{ident}/reports")
     worker = ["podman", "run", "--rm", "-i", "--network", "host", image,
               "ansible-runner", "worker", "--private-data-dir", WORKER_DIR]
     os.environ["CONTAINERS_CONF"] = PODMAN_ENV["CONTAINERS_CONF"]  # the worker's podman

@@ -18,14 +18,18 @@ def release_tarball(tmp_path_factory):
     return build_tarball(tmp_path_factory.mktemp("dist"))
 
 
-def job_dir(fleet, manifests, tarball, tmp_path, report_path=None):
-    """A private data directory for a job on the crashed fleet: the inventory with each host's
-    role variables and no key file, the key as AWX's machine credential (env/ssh_key)."""
+def _crashed_vars(manifests) -> dict:
+    return {name: _role_vars(manifest) for name, manifest in manifests.items()}
+
+
+def job_dir(fleet, host_vars: dict, tarball, tmp_path, report_path=None):
+    """A private data directory for a job on the fleet: the inventory with each host's variables
+    (`host_vars`, by host) and no key file, the key as AWX's machine credential (env/ssh_key)."""
     inventory = yaml.safe_load(fleet.inventory.read_text())
     group = inventory["all"]["children"]["gpu_nodes"]
     key = group["vars"].pop("ansible_ssh_private_key_file")
-    for name, manifest in manifests.items():
-        group["hosts"][name].update(_role_vars(manifest))
+    for name, values in host_vars.items():
+        group["hosts"][name].update(values)
     pdd = private_data_dir(tmp_path / "pdd", inventory, {"fleet_report_path": report_path or str(tmp_path / "reports")},
                            tarball, tmp_path / "worker")
     (pdd / "env" / "ssh_key").write_text(open(key).read())
@@ -34,7 +38,7 @@ def job_dir(fleet, manifests, tarball, tmp_path, report_path=None):
 
 def test_reset_and_verify_jobs_over_ssh_succeed_and_carry_each_hosts_result(
         fleet, crashed_fleet, release_tarball, tmp_path):  # noqa: F811 pylint: disable=redefined-outer-name
-    pdd = job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
+    pdd = job_dir(fleet, _crashed_vars(crashed_fleet), release_tarball, tmp_path)
     job = run_job(pdd, "playbooks/reset.yml", tmp_path / "worker", "reset")
     assert (job.status, job.rc) == ("successful", 0), job.stdout[-6000:]
     results = job.node_reset_results()
@@ -54,7 +58,7 @@ def test_reset_and_verify_jobs_over_ssh_succeed_and_carry_each_hosts_result(
 def test_a_host_that_does_not_answer_fails_the_job_with_the_report_written(
         fleet, crashed_fleet, release_tarball, tmp_path):  # noqa: F811 pylint: disable=redefined-outer-name
     fleet.poweroff("node3")
-    pdd = job_dir(fleet, crashed_fleet, release_tarball, tmp_path)
+    pdd = job_dir(fleet, _crashed_vars(crashed_fleet), release_tarball, tmp_path)
     job = run_job(pdd, "playbooks/reset.yml", tmp_path / "worker", "reset")
     assert (job.status, job.rc) == ("failed", 4), job.stdout[-6000:]
     rows = {row["host"]: row for row in job.fleet_report()["rows"]}
