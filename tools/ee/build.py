@@ -99,7 +99,8 @@ def main(argv) -> int:
         raise SystemExit("ee: community.proxmox is not installed under .ansible/collections (make setup)")
     times = {}
     started = time.monotonic()
-    times["base image (" + ensure_base() + ")"] = time.monotonic() - started
+    base = ensure_base()
+    times[f"base image ({base})"] = time.monotonic() - started
     started = time.monotonic()
     definition = offline_definition(collection_tarballs())
     times["collection tarballs"] = time.monotonic() - started
