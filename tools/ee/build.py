@@ -2,7 +2,7 @@
 or Galaxy: `make ee`.
 
 1. The base image: tools/ee/base.sh (mmdebstrap, Debian 12 with python3 and pip) imported into
-   podman as localhost/cleanslate-ee-base:bookworm, once.
+   podman as localhost/cleanslate-ee-base:bookworm-<hash of base.sh>, once per version of base.sh.
 2. The two collections as local tarballs under build/ee/collections: cleanslate.gpu built from
    this checkout (`ansible-galaxy collection build`, as released), community.proxmox packed from
    the copy `make setup` installed out of the pinned `ansible` wheel (an installed collection is
@@ -10,7 +10,8 @@ or Galaxy: `make ee`.
    tests and CI files, so FILES.json is narrowed to the files present and MANIFEST.json given
    its new checksum, and ansible-galaxy still checks every file against it).
 3. build/ee/execution-environment.yml: the repository's definition with its galaxy requirements
-   pointing at those tarballs (and copied into the build context); nothing else changes.
+   pointing at those tarballs (and copied into the build context) and that base image's tag;
+   nothing else changes.
 4. `ansible-builder build` with podman (runc, no default ulimits: tools/ee/containers.conf).
 
 Prints the image name and the time of each step. Usage: python tools/ee/build.py [TAG]
@@ -32,7 +33,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 OUT = REPO / "build" / "ee"
-BASE_IMAGE = "localhost/cleanslate-ee-base:bookworm"
+BASE_SCRIPT = REPO / "tools" / "ee" / "base.sh"
+BASE_IMAGE = "localhost/cleanslate-ee-base:bookworm-" + hashlib.sha256(BASE_SCRIPT.read_bytes()).hexdigest()[:12]
 PROXMOX = REPO / ".ansible" / "collections" / "ansible_collections" / "community" / "proxmox"
 ENV = dict(os.environ, CONTAINERS_CONF=str(REPO / "tools" / "ee" / "containers.conf"))
 
@@ -46,7 +48,7 @@ def ensure_base() -> str:
         return "present"
     OUT.mkdir(parents=True, exist_ok=True)
     rootfs = OUT / "base.tar"
-    _run(["sh", REPO / "tools" / "ee" / "base.sh", rootfs])
+    _run(["sh", BASE_SCRIPT, rootfs])
     _run(["podman", "import", rootfs, BASE_IMAGE], stdout=subprocess.DEVNULL)
     rootfs.unlink()
     return "built"
@@ -85,6 +87,7 @@ def offline_definition(tarballs: list) -> Path:
     # stage copies to /build and installs from: the paths are relative to /build.
     definition["dependencies"]["galaxy"] = {"collections": [
         {"name": f"collections/{path.name}", "type": "file"} for _name, path in tarballs]}
+    definition["images"]["base_image"]["name"] = BASE_IMAGE
     definition["additional_build_files"] = [{"src": str(OUT / "collections"), "dest": "collections"}]
     path = OUT / "execution-environment.yml"
     path.write_text("# Written by tools/ee/build.py from ../../execution-environment.yml: local collection tarballs.\n"
