@@ -15,7 +15,8 @@ PROXMOX_VERSION := 1.4.0
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional integration lint changelog-lint mutate bench gpu-wheels clean
+.PHONY: setup os-deps demo test sanity pytest unit functional release integration lint changelog-lint mutate bench gpu-wheels clean \
+	dist ee versions versions-ci changelog-release
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -43,14 +44,14 @@ $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(V
 demo: setup
 	$(PY) tools/demo.py
 
-test: setup sanity pytest lint
+test: setup sanity pytest versions-ci ee lint
 
 sanity: setup
 	$(PY) tools/prepare_ansible_test.py $(BUILD)/ansible-test >/dev/null
 	cd $(BUILD)/ansible-test/ansible_collections/cleanslate/gpu && \
 		ansible-test sanity --venv --python 3.11 --color no
 
-pytest: unit functional integration
+pytest: unit functional release integration
 
 unit: setup
 	$(PY) -m pytest tests/unit -q
@@ -59,13 +60,23 @@ unit: setup
 functional: setup
 	$(PY) -m pytest tests/functional -q -n 4
 
+# The released artifact: the tarball built, installed alone outside the checkout and run by FQCN,
+# ansible-doc of everything it ships, ansible-runner as AWX runs jobs, the EE definition rendered.
+release: setup
+	$(PY) -m pytest tests/release -q
+
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: setup
-	$(PY) -m pytest tests/integration -q
+	$(PY) -m pytest tests/integration -q -m "not ee"
 
 lint: setup
 	ansible-lint --profile production
 	antsibull-changelog lint
+
+# Rehearse the release's changelog: `antsibull-changelog release` (VERSION: galaxy.yml's by default)
+# in a scratch copy under build/changelog-release, never in the checkout; prints CHANGELOG.rst's path.
+changelog-release: setup
+	$(PY) tools/changelog_release.py $(BUILD)/changelog-release $(VERSION)
 
 # Mutation check of the safety logic (tests/mutations/*.yml): each small bug applied alone to a
 # scratch copy under build/mutate must make its tests fail; at least 95% must. Not part of `make test`
@@ -75,6 +86,34 @@ mutate: setup
 
 bench: setup
 	$(PY) -m bench
+
+# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz.
+dist: setup
+	ansible-galaxy collection build --force --output-path $(BUILD)/dist
+
+# The execution environment of execution-environment.yml, built here without a registry or Galaxy
+# (podman, a Debian base image made with mmdebstrap, local collection tarballs; tools/ee/build.py),
+# then reset.yml run inside it against the test fleet (tests/integration/test_ee.py). 2.6 min
+# from nothing on 2 cores (podman installed; base image, build, the test's fleet), 1.2 min with the
+# base image cached (ansible-builder rebuilds from the collection tarballs on).
+ee: setup
+	command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc >/dev/null; }
+	$(PY) tools/ee/build.py
+	CLEANSLATE_EE_IMAGE=localhost/cleanslate-gpu-ee:$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') \
+		$(PY) -m pytest tests/integration/test_ee.py -q -m ee
+
+# The declared versions: unit tests on Python 3.11-3.13, gpu_reset's and shm_clean's functional
+# tests with the modules on Python 3.9, the release tests on ansible-core 2.17 and 2.18, each in a
+# scratch venv under build/venvs (tools/versions.py); sanity's compile and import tests on
+# Python 3.8-3.13. About 9 min from nothing: `make test` runs only versions-ci (below).
+versions: setup
+	$(PY) tools/versions.py
+
+# The cheap part of `make versions`, in `make test` (about 4 min from nothing, 1.5 min with the
+# venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13.
+versions-ci: setup
+	$(PY) tools/versions.py unit modules sanity
 
 # The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
 gpu-wheels:

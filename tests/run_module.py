@@ -15,6 +15,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 COLLECTIONS = REPO / ".ansible" / "collections"
+# The interpreter that runs the modules when a test names none: this one, or the target Python
+# that `tools/versions.py modules` proves them on (Python 3.9, the oldest they declare).
+MODULE_PYTHON_ENV = "CLEANSLATE_MODULE_PYTHON"
 
 
 def ensure_collection_link() -> Path:
@@ -42,7 +45,8 @@ def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
         args_path = handle.name
     try:
         proc = subprocess.run(
-            [python or sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py"), args_path],
+            [python or os.environ.get(MODULE_PYTHON_ENV) or sys.executable,
+             str(REPO / "plugins" / "modules" / f"{name}.py"), args_path],
             capture_output=True, text=True, env=run_env, timeout=timeout, check=False,
         )
     finally:

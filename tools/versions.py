@@ -1,0 +1,160 @@
+"""Test the collection on the Python and ansible-core versions it declares, each in a scratch virtual
+environment under build/venvs (packages from PyPI, the versions pinned here and in constraints.txt).
+
+  unit     tests/unit under every controller Python of ansible-core 2.19: 3.11, 3.12 and 3.13.
+  modules  the functional tests of gpu_reset and shm_clean with the modules run by Python 3.9, the
+           oldest the modules declare (tests/config.yml), with only psutil and nvidia-ml-py
+           installed there and ansible's module_utils from the controller, as AnsiballZ ships them.
+           A logging wrapper proves that Python 3.9 ran them.
+  sanity   ansible-test's compile and import tests on every Python ansible-core 2.19 knows and
+           pyenv has (3.8 to 3.13: modules and module_utils on all, controller plugins on 3.11+);
+           `make sanity` runs every test on 3.11 only. pyenv's shims find only its global
+           versions, and ansible-test keeps PATH alone of the environment: build/pythons holds
+           a pythonX.Y link to each interpreter, first on PATH.
+  cores    the installed tarball's playbooks by FQCN, ansible-doc and the tarball's contents
+           (tests/release) under the lowest and every other ansible-core release that
+           meta/runtime.yml's requires_ansible admits: 2.17, 2.18 (2.19 is the project's venv).
+
+Usage: python tools/versions.py [unit] [modules] [sanity] [cores]   (all by default)
+Prints one line per run with its time; exits non-zero when a run failed or an interpreter is missing.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENVS = REPO / "build" / "venvs"
+PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+CONSTRAINTS = REPO / "constraints.txt"
+HOST_LIBS = ["psutil==7.2.2", "nvidia-ml-py==13.615.71"]  # as pinned in requirements.txt
+TEST_TOOLS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "pytest-mock==3.17.0"]
+UNIT_PYTHONS = ("3.11", "3.12", "3.13")
+SANITY_PYTHONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
+MODULE_PYTHON = "3.9"
+# (ansible-core release, a controller Python it supports)
+CORES = (("2.17.14", "3.12"), ("2.18.19", "3.13"))
+MODULE_TESTS = ["tests/functional/test_gpu_reset.py", "tests/functional/test_gpu_reset_evidence.py",
+                "tests/functional/test_gpu_reset_inputs.py", "tests/functional/test_gpu_reset_signals.py",
+                "tests/functional/test_shm_clean.py"]
+RELEASE_TESTS = ["tests/release/test_installed_playbooks.py", "tests/release/test_ansible_doc.py",
+                 "tests/release/test_tarball.py"]
+LOGGING_PYTHON = """#!/bin/sh
+# Records each module run, then runs it with Python %(version)s.
+%(python)s -c 'import sys; print(sys.version.split()[0])' >> %(log)s
+exec %(python)s "$@"
+"""
+
+
+def interpreter(version: str) -> str:
+    """pythonX.Y from pyenv's versions (newest patch release), else from PATH."""
+    found = sorted(glob.glob(str(PYENV / f"{version}.*" / "bin" / f"python{version}")))
+    path = found[-1] if found else shutil.which(f"python{version}")
+    if not path or subprocess.run([path, "-c", "pass"], capture_output=True, check=False).returncode:
+        raise SystemExit(f"versions: Python {version} is not installed (pyenv install {version})")
+    return path
+
+
+def venv(name: str, python: str, packages: list, constraints: bool = True) -> Path:
+    """build/venvs/NAME with `packages`, made once (a stamp names what it holds)."""
+    path = VENVS / name
+    stamp = path / ".installed"
+    wanted = " ".join(packages)
+    if stamp.exists() and stamp.read_text() == wanted:
+        return path
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run([python, "-m", "venv", str(path)], check=True)
+    extra = ["-c", str(CONSTRAINTS)] if constraints else []
+    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    *packages, *extra], check=True)
+    stamp.write_text(wanted)
+    return path
+
+
+def pytest(python: Path, tests: list, env: dict | None = None, workers: int = 0) -> bool:
+    args = [str(python), "-m", "pytest", "-q", *tests] + (["-n", str(workers)] if workers else [])
+    return subprocess.run(args, cwd=REPO, env=dict(os.environ, **(env or {})), check=False).returncode == 0
+
+
+def run_unit() -> list:
+    results = []
+    for version in UNIT_PYTHONS:
+        path = venv(f"unit-{version}", interpreter(version), ["ansible-core", "pyyaml", *HOST_LIBS, *TEST_TOOLS])
+        results.append((f"unit tests, Python {version}", pytest(path / "bin" / "python", ["tests/unit"])))
+    return results
+
+
+def run_modules() -> list:
+    path = venv(f"modules-{MODULE_PYTHON}", interpreter(MODULE_PYTHON), HOST_LIBS)
+    # The controller's ansible package alone on the path (not its site-packages): module_utils.
+    module_path = path / "module_path"
+    module_path.mkdir(exist_ok=True)
+    link = module_path / "ansible"
+    if not link.exists():
+        import ansible  # pylint: disable=import-outside-toplevel
+        link.symlink_to(Path(ansible.__file__).parent)
+    log = path / "module-runs.log"
+    log.write_text("")
+    wrapper = path / "bin" / "python-logged"
+    wrapper.write_text(LOGGING_PYTHON % {"version": MODULE_PYTHON, "python": path / "bin" / "python", "log": log})
+    wrapper.chmod(0o755)
+    env = {"CLEANSLATE_MODULE_PYTHON": str(wrapper),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(module_path), os.environ.get("PYTHONPATH")]))}
+    passed = pytest(Path(sys.executable), MODULE_TESTS, env=env, workers=2)
+    versions = log.read_text().split()
+    print(f"versions: {len(versions)} module runs, by Python {sorted(set(versions))}")
+    ran_by_39 = bool(versions) and all(v.startswith(MODULE_PYTHON + ".") for v in versions)
+    return [(f"gpu_reset and shm_clean functional tests, modules on Python {MODULE_PYTHON}", passed and ran_by_39)]
+
+
+def run_sanity() -> list:
+    links = REPO / "build" / "pythons"
+    links.mkdir(parents=True, exist_ok=True)
+    for version in SANITY_PYTHONS:
+        link = links / f"python{version}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(interpreter(version))
+    bin_dir = Path(sys.executable).parent
+    copy = subprocess.run([sys.executable, str(REPO / "tools" / "prepare_ansible_test.py"),
+                           str(REPO / "build" / "ansible-test")], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    env = dict(os.environ, PATH=os.pathsep.join([str(links), str(bin_dir), os.environ["PATH"]]))
+    proc = subprocess.run([str(bin_dir / "ansible-test"), "sanity", "--venv", "--test", "compile", "--test", "import",
+                           "--color", "no"], cwd=copy, env=env, check=False)
+    return [(f"ansible-test sanity compile and import, Python {', '.join(SANITY_PYTHONS)}", proc.returncode == 0)]
+
+
+def run_cores() -> list:
+    results = []
+    for core, version in CORES:
+        path = venv(f"core-{core}", interpreter(version), [f"ansible-core=={core}", *HOST_LIBS, *TEST_TOOLS],
+                    constraints=False)
+        results.append((f"release tests, ansible-core {core} on Python {version}",
+                        pytest(path / "bin" / "python", RELEASE_TESTS)))
+    return results
+
+
+def main(argv) -> int:
+    runs = {"unit": run_unit, "modules": run_modules, "sanity": run_sanity, "cores": run_cores}
+    chosen = argv or list(runs)
+    unknown = set(chosen) - set(runs)
+    if unknown:
+        raise SystemExit(f"versions: unknown run {sorted(unknown)}; choose from {sorted(runs)}")
+    table = []
+    for name in chosen:
+        started = time.monotonic()
+        for label, passed in runs[name]():
+            table.append((label, passed))
+        table.append((f"  ({name}: {time.monotonic() - started:.0f} s, venvs included)", None))
+    for label, passed in table:
+        print(label if passed is None else f"{'passed' if passed else 'FAILED'}  {label}")
+    return 0 if all(passed is not False for _label, passed in table) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
