@@ -60,7 +60,7 @@ options:
     description:
       - Inventory names of the hosts to report, in this order; each row is built from the host's C(node_reset_result)
         fact.
-      - 'Row keys: C(host), C(status), C(ok), C(reset_ok) (node_reset's own verdict, which O(rows) never change),
+      - 'Row keys: C(host), C(status), C(ok), C(reset_ok) (the verdict of node_reset alone, which O(rows) never change),
         C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
