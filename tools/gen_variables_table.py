@@ -77,8 +77,8 @@ def table(root: Path, role: str) -> str:
         description = spec.get("description") or []
         if isinstance(description, str):
             description = [description]
-        lines.append("| `%s` | %s | %s | %s |" % (name, type_of(spec), default_of(spec),
-                                                   " ".join(markdown(part) for part in description)))
+        text = " ".join(markdown(part) for part in description)
+        lines.append("| `%s` | %s | %s | %s |" % (name, type_of(spec), default_of(spec), text))
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ def broken_links(page: Path) -> list:
     for target in LINK.findall(_prose(page)):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):
             continue  # https:, mailto:
-        path, _, anchor = target.partition("#")
+        path, dummy, anchor = target.partition("#")
         resolved = (page.parent / path).resolve() if path else page
         if not resolved.exists():
             broken.append("%s (no such file)" % target)

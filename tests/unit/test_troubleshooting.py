@@ -133,7 +133,7 @@ def test_every_source_yields_messages():
     assert len(HEADS) >= 40
 
 
-@pytest.mark.parametrize("source,pattern,message", HEADS, ids=[m[:60] for _, _, m in HEADS])
+@pytest.mark.parametrize("source,pattern,message", HEADS, ids=[case[2][:60] for case in HEADS])
 def test_problem_sentence_has_a_runbook_line(source, pattern, message):
     assert re.search(pattern, _runbook(), re.I), (
         "docs/troubleshooting.md has no line for %s's message %r: quote its first words (placeholders as "
