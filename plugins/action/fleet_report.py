@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
+
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
     "kind": {"type": "str", "required": True},
@@ -43,17 +45,6 @@ STAMP = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
 NOT_RUN = "no result: the host failed or did not answer before the role's first step (see the run's output)"
 # The steps in the order they run, as named in node_reset_result.steps.
 STEPS = ("nvml_before", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
-UNITS = ("Bytes", "KiB", "MiB", "GiB", "TiB")
-
-
-def human_bytes(count) -> str:
-    """1024-based size as people read it: 0 Bytes, 512 Bytes, 1.0 MiB."""
-    value = float(count or 0)
-    unit = 0
-    while value >= 1024 and unit < len(UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return "%d Bytes" % value if unit == 0 else "%.1f %s" % (value, UNITS[unit])
 
 
 def _number(value, kind=int):
@@ -161,14 +152,17 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
     before, after = memory_before(steps), _gpus(verify)
     freed = mib_freed(before, after)
     lost = lost_gpus(before, after, verify.get("count") if _ran(verify) else None)
+    per_step = seconds_per_step(steps)
     problems = [str(problem) for problem in result.get("problems") or []]
     # nvml_verify names a GPU it selected and found lost ("GPU 0 (...): lost (NVML: ...)"); a GPU
     # gone from the bus altogether only lowers NVML's count, so the report names that one itself.
     problems += ["GPU %s (%s) is lost: NVML read it before the reset and cannot read it now."
                  % (gpu["index"], gpu["uuid"] or "UUID unknown") for gpu in lost
                  if not any(_names_lost(problem, gpu) for problem in problems)]
-    if result.get("error"):
-        problems.append(str(result["error"]))
+    # The failed step's message once: not again when a problem already says it (or it repeats them).
+    error = str(result.get("error") or "")
+    if error and not any(error in problem or problem in error for problem in problems):
+        problems.append(error)
     row = {
         "host": host,
         "status": str(result.get("status") or "failed"),
@@ -182,8 +176,10 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
         "gpus_lost": lost,
         "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
         "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
-        "seconds": _number(result.get("seconds_total"), float) or 0.0,
-        "seconds_per_step": seconds_per_step(steps),
+        # The host's own time: the sum of what its modules measured, not the controller's clock
+        # (which also counts the hosts' turns in lockstep and the skipped steps).
+        "seconds": round(sum(per_step.values()), 2),
+        "seconds_per_step": per_step,
         "problems": problems,
     }
     if result.get("failed_step"):
@@ -273,10 +269,12 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=()) -> str:
         cells += [_cell(row.get(column["key"])) for column in columns]
         lines.append("| %s |" % " | ".join(cells))
     bad = [row for row in rows if not row.get("ok")]
-    lines += ["", "%d hosts, %d not ok." % (len(rows), len(bad))]
+    lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]
+    # One line per problem: a host with eight dirty GPUs reads as eight lines, not one.
     for row in bad:
-        lines.append("- %s (%s): %s" % (row.get("host"), row.get("status"),
-                                        "; ".join(row.get("problems") or []) or "no details"))
+        problems = [_cell(problem) for problem in row.get("problems") or []] or ["no details"]
+        lines.append("- %s (%s):" % (row.get("host"), row.get("status")))
+        lines += ["  - %s" % problem for problem in problems]
     return "\n".join(lines) + "\n"
 
 
@@ -292,6 +290,9 @@ def write_atomically(path: str, text: str) -> None:
 def check_args(args: dict) -> None:
     """Names that become file names, and columns that name a key; one sentence each."""
     problems = []
+    if not args["dest"] or not args["dest"].strip() or "\0" in args["dest"]:
+        problems.append("dest %r must name a directory (a relative one is under the directory ansible-playbook runs in)"
+                        % args["dest"])
     if not KIND.match(args["kind"]):
         problems.append("kind %r must be a lower-case name (letters, digits, - and _), at most 32 characters"
                         % args["kind"])
@@ -322,6 +323,9 @@ class ActionModule(ActionBase):
             rows = [row for row in rows if row["host"] != host]
             rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN))
         rows = merge_rows(rows, args["rows"])
+        # A relative dest is under the controller's working directory (where ansible-playbook runs),
+        # made absolute so that the paths returned say where the files are.
+        args["dest"] = os.path.abspath(args["dest"])
         base = os.path.join(args["dest"], "%s-%s" % (args["kind"], stamp))
         markdown = render_markdown(args["kind"], stamp, rows, args["columns"])
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}

@@ -18,6 +18,8 @@ import re
 import time
 from collections.abc import Mapping
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
+
 # (variable, minimum, exclusive minimum, maximum, the rule in words); 0 is also allowed where
 # ZERO_ALLOWED says so. A number given with -e is a string: it is converted first.
 NUMBERS = (
@@ -179,12 +181,12 @@ def _would(gpu_reset, shm, pycache) -> list:
     """What a read-only run found for a reset to do: the reasons a verified host is dirty."""
     would = []
     if _list(gpu_reset, "targets"):
-        would.append("a reset would stop %d process(es)" % len(_list(gpu_reset, "targets")))
+        would.append("a reset would stop %s" % count_of(len(_list(gpu_reset, "targets")), "process"))
     if _list(shm, "removed"):
-        would.append("a reset would remove %d shared memory segment(s), %d bytes"
-                     % (len(_list(shm, "removed")), shm.get("bytes_freed") or 0))
+        would.append("a reset would remove %s, %s"
+                     % (count_of(len(_list(shm, "removed")), "shared memory segment"), human_bytes(shm.get("bytes_freed"))))
     if _list(pycache, "removed"):
-        would.append("a reset would remove %d bytecode file(s)" % len(_list(pycache, "removed")))
+        would.append("a reset would remove %s" % count_of(len(_list(pycache, "removed")), "bytecode file"))
     return would
 
 

@@ -41,7 +41,10 @@ attributes:
     platforms: posix
 options:
   dest:
-    description: Directory on the controller for the report files; created when missing.
+    description:
+      - Directory on the controller for the report files; created when missing.
+      - A relative path is under the controller's current directory (where C(ansible-playbook) runs); the playbooks
+        default to C(reports), so that a playbook run by its FQCN never writes inside the installed collection.
     type: path
     required: true
   kind:
@@ -112,7 +115,7 @@ notes:
 EXAMPLES = r"""
 - name: Write the report of a reset, one row per host from its node_reset_result
   cleanslate.gpu.fleet_report:
-    dest: "{{ playbook_dir }}/../reports"
+    dest: reports
     kind: reset
     hosts: "{{ ansible_play_hosts_all }}"
   delegate_to: localhost
@@ -126,7 +129,7 @@ EXAMPLES = r"""
 
 - name: Add a column of another role's results to the same report
   cleanslate.gpu.fleet_report:
-    dest: "{{ playbook_dir }}/../reports"
+    dest: reports
     kind: reset_and_serve
     hosts: "{{ ansible_play_hosts_all }}"
     rows:

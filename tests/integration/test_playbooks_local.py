@@ -312,7 +312,7 @@ def test_verify_does_not_call_a_host_clean_when_a_reset_would_remove_bytecode(cr
     assert proc.returncode == 2, proc.stdout[-3000:]
     row = rows["simulated-node"]
     assert row["status"] == "dirty" and row["bytecode_removed"] == 1 and row["killed"] == 0, row
-    assert row["problems"] == ["a reset would remove 1 bytecode file(s)"], row
+    assert row["problems"] == ["a reset would remove 1 bytecode file"], row
     assert Path(manifest["site_packages"]["pyc"]).exists()
 
 
