@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Mapping
+
+import yaml
+
+from ansible.module_utils.common.validation import (check_type_bool, check_type_dict, check_type_float,
+                                                    check_type_int, check_type_list, check_type_str)
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
@@ -38,10 +44,23 @@ ZERO_ALLOWED = ("node_reset_pve_vmid",)
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
-# The variables node_reset_problems reads, for the role to pass (tests compare the two lists).
-VARIABLES = tuple(rule[0] for rule in NUMBERS) + SELECTORS + (
-    "node_reset_nvml_verify_checks", "node_reset_gpu_reset_cgroup", "node_reset_gpu_reset_users",
-    "node_reset_pve_host")
+# The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
+# types and choices are checked here, one sentence per variable, instead of by ansible-core's
+# validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
+SPEC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "roles", "node_reset", "meta", "argument_specs.yml")
+with open(SPEC_PATH, encoding="utf-8") as _handle:
+    SPEC = yaml.safe_load(_handle)["argument_specs"]["main"]["options"]
+# The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all.
+VARIABLES = tuple(SPEC)
+TYPE_CHECKS = {"str": check_type_str, "path": check_type_str, "bool": check_type_bool, "int": check_type_int,
+               "float": check_type_float, "list": check_type_list, "dict": check_type_dict}
+TYPE_WORDS = {"str": "a text", "path": "a path", "bool": "true or false", "int": "a whole number",
+              "float": "a number", "list": "a list", "dict": "a mapping of names to values"}
+# Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
+ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
+# Python's own rule for a module name: dotted identifiers.
+MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
 STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
 # The steps whose "the host did not answer" counts, in the order they run.
@@ -77,6 +96,78 @@ def _items(value) -> list:
 def _text(value) -> str:
     """Jinja's `string` filter."""
     return value if isinstance(value, str) else str(value)
+
+
+def _converted(kind, value):
+    """The value as ansible-core's argument spec converts it (str "5" to 5.0...), or raise."""
+    if kind in ("str", "path") and not isinstance(value, str):
+        # A number where text is wanted would be converted silently; a list, a mapping or a
+        # boolean is a mistake.
+        if isinstance(value, (bool, list, dict)) or value is None:
+            raise TypeError(kind)
+    return TYPE_CHECKS[kind](value)
+
+
+def spec_problems(values: Mapping) -> list:
+    """Types, choices and list items of the argument spec: one sentence per bad variable.
+
+    The numbers of NUMBERS are left to their rule, which says the range too."""
+    problems = []
+    numbers = {rule[0] for rule in NUMBERS}
+    for name, spec in SPEC.items():
+        if name in numbers or name in SELECTORS or name not in values:
+            continue
+        value, kind = values[name], spec.get("type", "str")
+        if value is None and spec.get("default") is None:
+            continue  # not given: the role's "unset"
+        try:
+            converted = _converted(kind, value)
+            items = converted if kind == "list" else [converted]
+            if kind == "list" and spec.get("elements"):
+                items = [_converted(spec["elements"], item) for item in items]
+        except (TypeError, ValueError):
+            what = TYPE_WORDS.get(kind, kind)
+            if kind == "list" and spec.get("elements"):
+                what += " of %ss" % TYPE_WORDS.get(spec["elements"], spec["elements"]).split(" ", 1)[-1]
+            problems.append("%s is %s: it must be %s." % (name, _to_json(value), what))
+            continue
+        choices = spec.get("choices")
+        wrong = [item for item in items if choices and item not in choices]
+        if wrong:
+            problems.append("%s is %s: %s must be one of %s." % (
+                name, _to_json(value), "each item" if kind == "list" else "it", ", ".join(map(str, choices))))
+    return problems
+
+
+def path_problems(values: Mapping) -> list:
+    """What the modules would refuse only after gpu_reset had run: said before any step."""
+    problems = []
+    for name in ABSOLUTE:
+        value = values.get(name)
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        bad = [item for item in items if not isinstance(item, str) or not item.startswith("/") or "\0" in item
+               or "\n" in item]
+        if bad:
+            problems.append("%s has %s: a path must be absolute (start with /), on one line." % (
+                name, ", ".join(map(_to_json, bad))))
+    modules = values.get("node_reset_pycache_purge_modules")
+    modules = _items(modules) if isinstance(modules, (str, list)) else []
+    bad = [item for item in modules if not isinstance(item, str) or not MODULE_NAME.match(item)]
+    if bad:
+        problems.append("node_reset_pycache_purge_modules has %s: a module is a dotted Python name such as"
+                        " vllm or vllm.model_executor." % ", ".join(map(_to_json, bad)))
+    patterns = values.get("node_reset_gpu_reset_cmdline_patterns")
+    for pattern in patterns if isinstance(patterns, list) else []:
+        try:
+            re.compile(_text(pattern))
+        except re.error as exc:
+            problems.append("node_reset_gpu_reset_cmdline_patterns has %s: not a regular expression (%s)."
+                            % (_to_json(pattern), exc))
+    for name in ("node_reset_shm_clean_patterns", "node_reset_gpu_reset_device_paths"):
+        value = values.get(name)
+        if isinstance(value, list) and any(not _text(item).strip() for item in value):
+            problems.append("%s is %s: an empty item would match nothing or everything." % (name, _to_json(value)))
+    return problems
 
 
 def number_problems(values: Mapping) -> list:
@@ -137,7 +228,16 @@ def node_reset_problems(values, pve_host_known=True):
     if not isinstance(values, Mapping):
         raise TypeError("node_reset_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
-    return number_problems(values) + input_problems(values, bool(pve_host_known))
+    problems, named = [], set()
+    # One sentence per variable: the most specific rule first (a GPU selector's own words rather
+    # than "a list of texts"), the argument spec's types and choices last.
+    for problem in (number_problems(values) + input_problems(values, bool(pve_host_known)) + path_problems(values)
+                    + spec_problems(values)):
+        name = problem.split(" ", 1)[0]
+        if name not in named or name == "node_reset_pve_host":
+            problems.append(problem)
+        named.add(name)
+    return problems
 
 
 # --- the result ---------------------------------------------------------------------------------
