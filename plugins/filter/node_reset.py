@@ -315,7 +315,9 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
                                             or _list(pycache, "removed"))
     status = _status(kind, failed_step, reach, unreachable, verify, clean)
     if status == "invalid":
-        problems = [str(problem) for problem in invalid or []]
+        # The variables' sentences, or what the host said when it checked its own inputs.
+        problems = [str(problem) for problem in invalid or []] or [
+            str((failed_result or {}).get("msg") or "refused before the first step")]
     else:
         problems = list(unreachable) + [str(problem) for problem in _list(verify, "problems")]
         problems += [str(problem) for gpu in _list(verify, "gpus") if isinstance(gpu, Mapping)

@@ -234,3 +234,29 @@ def test_numbers_and_lists_typed_on_the_command_line_work(crashed_node, tmp_path
         "node_reset_install_deps": "false"})
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert row["status"] == "ok" and row["killed"] > 0, row
+
+
+@pytest.mark.parametrize("bad, sentence", [
+    # What only the host can tell, checked on the host before anything is stopped.
+    ({"node_reset_pycache_purge_modules": ["vllm_misspelled"]}, "module 'vllm_misspelled' not found"),
+    ({"node_reset_pycache_purge_paths": ["/nonexistent/site-packages"]}, "/nonexistent/site-packages"),
+    ({"node_reset_nvml_verify_gpus": ["9"]}, "unknown GPU '9': this host has GPU indices 0-3"),
+    # What the controller can tell: before any task reaches the host.
+    ({"node_reset_pycache_purge_modules": ["vllm\n", "a b"]}, 'node_reset_pycache_purge_modules has "vllm\\n", "a b"'),
+    ({"node_reset_pycache_purge_paths": ["site-packages"]}, 'node_reset_pycache_purge_paths has "site-packages": a path'),
+    ({"node_reset_shm_clean_path": "dev/shm"}, 'node_reset_shm_clean_path has "dev/shm": a path must be absolute'),
+    ({"node_reset_shm_clean_patterns": ["nccl-*", ""]}, "node_reset_shm_clean_patterns is [\"nccl-*\", \"\"]: an empty"),
+    ({"node_reset_gpu_reset_cmdline_patterns": ["vllm(serve"]},
+     'node_reset_gpu_reset_cmdline_patterns has "vllm(serve": not a regular expression'),
+])
+def test_every_input_is_checked_before_the_first_process_is_signalled(module_node, tmp_path, bad, sentence):
+    """Issue 17: a misspelled module used to fail only after gpu_reset and shm_clean had run, and
+    NVML's selection was never checked before. Now the host is `invalid`, with the sentence, and
+    every process of the crashed node is still running (nothing signalled, nothing removed)."""
+    proc, row = _reset(module_node, tmp_path, values=bad)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "invalid", row
+    assert any(sentence in problem for problem in row["problems"]), row["problems"]
+    assert row["killed"] == 0 and not row["changed"], row
+    assert "Stop every process that holds a GPU" not in proc.stdout
+    _untouched(module_node)
