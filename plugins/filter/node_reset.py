@@ -63,6 +63,8 @@ ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
 STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
+# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is `invalid`.
+HOST_CHECKS = ("pycache_check", "nvml_before")
 # The steps whose "the host did not answer" counts, in the order they run.
 REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
@@ -303,6 +305,11 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     if not isinstance(steps, Mapping):
         raise TypeError("node_reset_result expects a mapping of the step results, got %s" % type(steps).__name__)
     failed_step = failed_step or None
+    failed_result = failed_result if isinstance(failed_result, Mapping) else {}
+    # A check on the host that refused an input (its module answered) refuses the host as a bad
+    # variable does; a module that could not run at all (no interpreter) is a failure of that step.
+    if failed_step in HOST_CHECKS and not any(key in failed_result for key in ("module_stderr", "exception")):
+        invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
     if failed_step == "validate":
         # Nothing ran: whatever the registers hold is from an earlier run of the role.
         steps = {}
@@ -315,9 +322,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
                                             or _list(pycache, "removed"))
     status = _status(kind, failed_step, reach, unreachable, verify, clean)
     if status == "invalid":
-        # The variables' sentences, or what the host said when it checked its own inputs.
-        problems = [str(problem) for problem in invalid or []] or [
-            str((failed_result or {}).get("msg") or "refused before the first step")]
+        problems = [str(problem) for problem in invalid or []]
     else:
         problems = list(unreachable) + [str(problem) for problem in _list(verify, "problems")]
         problems += [str(problem) for gpu in _list(verify, "gpus") if isinstance(gpu, Mapping)
