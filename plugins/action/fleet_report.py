@@ -143,8 +143,21 @@ def not_run_row(host: str, why: str) -> dict:
             "seconds_per_step": {}, "problems": [why]}
 
 
-def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
-    """One row of the report from a host's node_reset_result (None: the role left none)."""
+def would_stop(steps: Mapping) -> list:
+    """What a read-only run found for a reset to stop: {pid, name, cmdline, reason} per target."""
+    gpu_reset = steps.get("gpu_reset") or {}
+    targets = gpu_reset.get("targets") if _ran(gpu_reset) else None
+    return [{"pid": target.get("pid"), "name": str(target.get("name") or ""),
+             "cmdline": str(target.get("cmdline") or ""),
+             "reason": str(target.get("evidence") or target.get("reason") or "")}
+            for target in targets or [] if isinstance(target, Mapping)]
+
+
+def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
+    """One row of the report from a host's node_reset_result (None: the role left none).
+
+    read_only (a verify run, or a reset in check mode): the row also lists `would_stop`, and
+    `mib_used` per GPU, since nothing was stopped or freed."""
     if not isinstance(result, Mapping):
         return not_run_row(host, why_not_run)
     steps = result.get("steps") if isinstance(result.get("steps"), Mapping) else {}
@@ -184,7 +197,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
     }
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
-    if result.get("kind") == "verify":
+    if read_only:
+        row["would_stop"] = would_stop(steps)
+    if read_only or result.get("kind") == "verify":
         row["mib_used"] = {str(gpu.get("index")): gpu.get("memory_used_mib") for gpu in after}
     return row
 
@@ -255,15 +270,22 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(kind: str, stamp: str, rows: list, columns=()) -> str:
-    """The report as a Markdown table, then one line per host that is not ok, with why."""
+def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False) -> str:
+    """The report as a Markdown table, then the hosts that are not ok, one problem per line.
+
+    read_only: nothing was stopped or removed, so the columns say what a reset would do, and
+    each process a reset would stop is listed under its host."""
     titles = ["host", "status", "killed", "MiB freed", "shm freed", "bytecode removed", "seconds"]
+    if read_only:
+        titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
     titles += [str(column.get("title") or column["key"]) for column in columns]
     lines = ["# Fleet %s report %s" % (kind, stamp), "", "| %s |" % " | ".join(titles),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
+        used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
+        mib = sum(_number(value) or 0 for value in used.values()) if read_only else _number(row.get("mib_freed")) or 0
         cells = [_cell(row.get("host")), _cell(row.get("status")), "%d" % (_number(row.get("killed")) or 0),
-                 "%d" % (_number(row.get("mib_freed")) or 0), human_bytes(_number(row.get("shm_bytes_freed"))),
+                 "%d" % mib, human_bytes(_number(row.get("shm_bytes_freed"))),
                  "%d" % (_number(row.get("bytecode_removed")) or 0),
                  "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
         cells += [_cell(row.get(column["key"])) for column in columns]
@@ -275,6 +297,14 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=()) -> str:
         problems = [_cell(problem) for problem in row.get("problems") or []] or ["no details"]
         lines.append("- %s (%s):" % (row.get("host"), row.get("status")))
         lines += ["  - %s" % problem for problem in problems]
+    stopping = [row for row in rows if row.get("would_stop")]
+    if stopping:
+        lines += ["", "A reset would stop:"]
+    for row in stopping:
+        lines.append("- %s:" % _cell(row.get("host")))
+        lines += ["  - pid %s %s (%s): %s" % (_cell(target.get("pid")), _cell(target.get("name")),
+                                             _cell(target.get("reason")), _cell(target.get("cmdline")))
+                  for target in row["would_stop"]]
     return "\n".join(lines) + "\n"
 
 
@@ -318,23 +348,29 @@ class ActionModule(ActionBase):
         stamp = args["stamp"] or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         hostvars = (task_vars or {}).get("hostvars") or {}
         rows, merged = read_reports(args["merge"], args["kind"])
+        # Nothing was stopped or removed: a verify run, or a reset in check mode.
+        read_only = bool(self._task.check_mode) or args["kind"] == "verify"
         for host in args["hosts"]:
             facts = hostvars[host] if host in hostvars else {}
             rows = [row for row in rows if row["host"] != host]
-            rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN))
+            rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN, read_only))
         rows = merge_rows(rows, args["rows"])
         # A relative dest is under the controller's working directory (where ansible-playbook runs),
         # made absolute so that the paths returned say where the files are.
         args["dest"] = os.path.abspath(args["dest"])
-        base = os.path.join(args["dest"], "%s-%s" % (args["kind"], stamp))
-        markdown = render_markdown(args["kind"], stamp, rows, args["columns"])
+        # A check-mode run's report is written too (it is the controller's file, not a change of a
+        # target: what a reset would stop, to read before running it), named apart from a real one.
+        check = bool(self._task.check_mode)
+        base = os.path.join(args["dest"], "%s-%s%s" % (args["kind"], "check-" if check else "", stamp))
+        markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
+                                   args["columns"], read_only)
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        if check:
+            document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
                       rows=rows, merged_from=merged, changed=False)
-        if self._task.check_mode:
-            return result
         try:
             os.makedirs(args["dest"], mode=0o755, exist_ok=True)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
