@@ -302,9 +302,9 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
         lines += ["", "A reset would stop:"]
     for row in stopping:
         lines.append("- %s:" % _cell(row.get("host")))
-        lines += ["  - pid %s %s (%s): %s" % (_cell(target.get("pid")), _cell(target.get("name")),
-                                             _cell(target.get("reason")), _cell(target.get("cmdline")))
-                  for target in row["would_stop"]]
+        for target in row["would_stop"]:
+            cells = [_cell(target.get(key)) for key in ("pid", "name", "reason", "cmdline")]
+            lines.append("  - pid %s %s (%s): %s" % tuple(cells))
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,8 @@ short_description: Check that a fleet run targets a host of its group, and warn 
 version_added: 0.2.0
 description:
   - Runs entirely on the controller, once per run (the fleet playbooks call it in their first play with C(run_once)).
-  - Fails when no host of O(group) is targeted by the run (the inventory has none, or the limit matches none of them),
+  - >-
+    Fails when no host of O(group) is targeted by the run (the inventory has none, or the limit matches none of them),
     with one sentence naming the group, the limit and the inventory. Without it, Ansible would print
     C(skipping: no hosts matched) and exit 0, and an AWX job with a wrong inventory would succeed.
   - Warns, once per name, about each variable whose name starts with C(node_reset_) or C(inference_service_) that is

@@ -10,6 +10,8 @@ person reads in the report."""
 
 from __future__ import annotations
 
+import math
+
 UNITS = ("Bytes", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -26,7 +28,7 @@ def human_bytes(count) -> str:
     except (TypeError, ValueError):
         value = 0.0
     # NaN, infinities and negative sizes are no size: shown as 0 rather than as "nan TiB".
-    if not value == value or value in (float("inf"), float("-inf")) or value < 0:
+    if not math.isfinite(value) or value < 0:
         value = 0.0
     unit = 0
     while value >= 1024 and unit < len(UNITS) - 1:
