@@ -308,7 +308,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     failed_result = failed_result if isinstance(failed_result, Mapping) else {}
     # A check on the host that refused an input (its module answered) refuses the host as a bad
     # variable does; a module that could not run at all (no interpreter) is a failure of that step.
-    if failed_step in HOST_CHECKS and not any(key in failed_result for key in ("module_stderr", "exception")):
+    # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
+    if failed_step in HOST_CHECKS and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
     if failed_step == "validate":
         # Nothing ran: whatever the registers hold is from an earlier run of the role.

@@ -211,3 +211,17 @@ def test_the_unit_found_and_stopped_or_missing():
 def test_a_start_time_that_is_no_number_gives_zero_seconds():
     assert node_reset_result(steps(), "n", started="soon", now=5.0)["seconds_total"] == 0.0
     assert node_reset_result(steps(), "n", started=math.nan, now=5.0)["seconds_total"] == 0.0
+
+
+def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_run_is_failed():
+    refused = {"failed": True, "msg": "module 'vlm' not found", "exception": "(traceback unavailable)",
+               "_ansible_parsed": True}
+    result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=refused)
+    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    assert result["error"] is None
+    broken = {"failed": True, "msg": "The module interpreter '/x' was not found.", "module_stderr": "not found",
+              "rc": 127}
+    result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=broken)
+    assert result["status"] == "failed at pycache_check" and result["error"].startswith("The module interpreter")
+    selection = {"failed": True, "msg": "unknown GPU '9': this host has GPU indices 0-3"}
+    assert node_reset_result(steps(), "n", failed_step="nvml_before", failed_result=selection)["status"] == "invalid"
