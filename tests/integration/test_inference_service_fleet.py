@@ -274,8 +274,10 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert rows["node1"]["status"] == "invalid" and rows["node1"]["service"]["status"] == "failed"
         assert rows["node1"]["killed"] == 0 and rows["node1"]["seconds_per_step"] == {}
         assert len(rows["node1"]["problems"]) == 1 and "tensor_parallel_size" in rows["node1"]["problems"][0]
-        assert ("node1 is invalid: inference_service: inference_service_speculative.tensor_parallel_size is refused"
+        # The sentence once, in the report's list; the failure names the host and its status.
+        assert ("  - inference_service: inference_service_speculative.tensor_parallel_size is refused"
                 in proc.stdout), proc.stdout[-6000:]
+        assert "node1 is invalid: its problems are listed in the fleet report above" in proc.stdout
         assert rows["node3"]["status"] == "invalid", rows["node3"]
         assert ("inference_service_config_dir /tmp is not a directory that root owns and only root may write"
                 in rows["node3"]["problems"][0]), rows["node3"]
