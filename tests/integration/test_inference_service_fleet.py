@@ -371,7 +371,8 @@ def test_check_mode_shows_the_diff_with_secrets_hidden_and_restarts_nothing(serv
     assert API_KEY not in proc.stdout and HF_TOKEN not in proc.stdout
     assert {name: served.main_pid(name) for name in HOSTS} == before
     assert "--max-num-seqs" not in served.cmdline("node1", before["node1"])
-    assert report is None  # check mode writes no report; it prints the table
+    # Check mode writes its report apart (reset_and_serve-check-*), marked as such, and prints the table.
+    assert report["check_mode"] is True and served.rows(report)["node1"]["status"] == "ok", report
     assert re.search(r"^\s+\"\| node1 \| ok \|.* \| vllm 0\.33\.0 \| - \| - \| - \| check \|", proc.stdout, re.M)
 
 
@@ -445,7 +446,7 @@ def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
         assert service["status"] == "degraded" and abs(service["acceptance_rate"] - 0.15) < 0.05
         assert "below inference_service_min_acceptance_rate 30%" in service["reason"]
         assert "[WARNING]: speculative decoding accepts 15% of drafted tokens" in proc.stdout + proc.stderr
-        assert "- node1 (ok): service degraded: speculative decoding accepts" in proc.stdout
+        assert '"- node1 (ok):",\n        "  - service degraded: speculative decoding accepts' in proc.stdout
 
         served.vars["node1"]["inference_service_fail_on_degraded"] = True
         proc, report = served.play(limit="node1")
