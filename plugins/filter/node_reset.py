@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Mapping
 
-import yaml
 
-from ansible.module_utils.common.validation import (check_type_bool, check_type_dict, check_type_float,
-                                                    check_type_int, check_type_list, check_type_str)
-
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); 0 is also allowed where
@@ -47,16 +43,9 @@ CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages
 # The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
 # types and choices are checked here, one sentence per variable, instead of by ansible-core's
 # validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
-SPEC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "roles", "node_reset", "meta", "argument_specs.yml")
-with open(SPEC_PATH, encoding="utf-8") as _handle:
-    SPEC = yaml.safe_load(_handle)["argument_specs"]["main"]["options"]
+SPEC = _role_spec.load_spec("node_reset")
 # The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all.
 VARIABLES = tuple(SPEC)
-TYPE_CHECKS = {"str": check_type_str, "path": check_type_str, "bool": check_type_bool, "int": check_type_int,
-               "float": check_type_float, "list": check_type_list, "dict": check_type_dict}
-TYPE_WORDS = {"str": "a text", "path": "a path", "bool": "true or false", "int": "a whole number",
-              "float": "a number", "list": "a list", "dict": "a mapping of names to values"}
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 # Python's own rule for a module name: dotted identifiers.
@@ -100,45 +89,9 @@ def _text(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _converted(kind, value):
-    """The value as ansible-core's argument spec converts it (str "5" to 5.0...), or raise."""
-    if kind in ("str", "path") and not isinstance(value, str):
-        # A number where text is wanted would be converted silently; a list, a mapping or a
-        # boolean is a mistake.
-        if isinstance(value, (bool, list, dict)) or value is None:
-            raise TypeError(kind)
-    return TYPE_CHECKS[kind](value)
-
-
 def spec_problems(values: Mapping) -> list:
-    """Types, choices and list items of the argument spec: one sentence per bad variable.
-
-    The numbers of NUMBERS are left to their rule, which says the range too."""
-    problems = []
-    numbers = {rule[0] for rule in NUMBERS}
-    for name, spec in SPEC.items():
-        if name in numbers or name in SELECTORS or name not in values:
-            continue
-        value, kind = values[name], spec.get("type", "str")
-        if value is None and spec.get("default") is None:
-            continue  # not given: the role's "unset"
-        try:
-            converted = _converted(kind, value)
-            items = converted if kind == "list" else [converted]
-            if kind == "list" and spec.get("elements"):
-                items = [_converted(spec["elements"], item) for item in items]
-        except (TypeError, ValueError):
-            what = TYPE_WORDS.get(kind, kind)
-            if kind == "list" and spec.get("elements"):
-                what += " of %ss" % TYPE_WORDS.get(spec["elements"], spec["elements"]).split(" ", 1)[-1]
-            problems.append("%s is %s: it must be %s." % (name, _to_json(value), what))
-            continue
-        choices = spec.get("choices")
-        wrong = [item for item in items if choices and item not in choices]
-        if wrong:
-            problems.append("%s is %s: %s must be one of %s." % (
-                name, _to_json(value), "each item" if kind == "list" else "it", ", ".join(map(str, choices))))
-    return problems
+    """Types, choices and list items of the argument spec (the numbers are left to their rule)."""
+    return _role_spec.spec_problems(SPEC, values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
 
 
 def path_problems(values: Mapping) -> list:
@@ -173,17 +126,7 @@ def path_problems(values: Mapping) -> list:
 
 
 def number_problems(values: Mapping) -> list:
-    problems = []
-    for name, minimum, above, maximum, rule in NUMBERS:
-        value = values.get(name)
-        number = _as_number(value)
-        # A NaN fails every comparison, so it fails the range like any other bad value.
-        good = number is not None and (
-            (name in ZERO_ALLOWED and number == 0)
-            or ((minimum is None or number >= minimum) and (above is None or number > above) and number <= maximum))
-        if not good:
-            problems.append("%s is %s: it must be %s." % (name, _to_json(value), rule))
-    return problems
+    return _role_spec.number_problems(NUMBERS, values, ZERO_ALLOWED)
 
 
 def input_problems(values: Mapping, pve_host_known=True) -> list:

@@ -78,3 +78,29 @@ def test_a_skipped_step_has_no_seconds(crashed_node, tmp_path):
     assert "pycache_purge" not in row["seconds_per_step"], row
     assert set(row["seconds_per_step"]) == {"gpu_reset", "shm_clean", "nvml_verify"}, row
     assert row["seconds"] == pytest.approx(sum(row["seconds_per_step"].values()), abs=0.011), row
+
+
+def test_reset_and_serve_refuses_bad_service_variables_in_one_line_each_and_reports_invalid(tmp_path):
+    """inference_service's variables: a type, a range and a secret of the wrong type, each one
+    line (the secret's value never shown), the host `invalid` in the report, and no argument spec
+    dump (ansible-core's validation task printed the whole spec and ended the host before the
+    report; the range assertion listed all nine rules)."""
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"hosts": {"node1": {
+        "ansible_connection": "local", "ansible_python_interpreter": "/nonexistent/python3"}}}}}}))
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps({"fleet_report_path": str(tmp_path / "reports"), "inference_service_model": "m",
+                                 "inference_service_engine_version": "0.33.0", "inference_service_port": "abc",
+                                 "inference_service_poll_interval": "nan", "inference_service_secrets": "hunter2"}))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(inventory), "-e", f"@{extra}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row, _markdown = _report(tmp_path, "reset_and_serve")
+    assert row["status"] == "invalid", row
+    assert row["problems"] == [
+        "inference_service: "
+        'inference_service_poll_interval is "nan": it must be a number of seconds above 0, at most 3600.',
+        'inference_service_port is "abc": it must be a whole number.',
+        "inference_service_secrets is (hidden): it must be a mapping of names to values."], row["problems"]
+    assert "hunter2" not in proc.stdout + proc.stderr
+    assert "argument_spec_data" not in proc.stdout and "out of range: ready_timeout" not in proc.stdout
