@@ -32,4 +32,3 @@ def test_hostile_names_are_one_line_each_and_never_fail():
 def test_the_targeted_hosts_keep_the_groups_order():
     assert targeted(["a", "b", "c"], ["c", "a", "pve"]) == ["a", "c"]
     assert targeted(None, ["a"]) == [] and targeted(["a"], None) == []
-
