@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
+
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
     "kind": {"type": "str", "required": True},
@@ -43,17 +45,6 @@ STAMP = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
 NOT_RUN = "no result: the host failed or did not answer before the role's first step (see the run's output)"
 # The steps in the order they run, as named in node_reset_result.steps.
 STEPS = ("nvml_before", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
-UNITS = ("Bytes", "KiB", "MiB", "GiB", "TiB")
-
-
-def human_bytes(count) -> str:
-    """1024-based size as people read it: 0 Bytes, 512 Bytes, 1.0 MiB."""
-    value = float(count or 0)
-    unit = 0
-    while value >= 1024 and unit < len(UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return "%d Bytes" % value if unit == 0 else "%.1f %s" % (value, UNITS[unit])
 
 
 def _number(value, kind=int):
@@ -152,8 +143,21 @@ def not_run_row(host: str, why: str) -> dict:
             "seconds_per_step": {}, "problems": [why]}
 
 
-def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
-    """One row of the report from a host's node_reset_result (None: the role left none)."""
+def would_stop(steps: Mapping) -> list:
+    """What a read-only run found for a reset to stop: {pid, name, cmdline, reason} per target."""
+    gpu_reset = steps.get("gpu_reset") or {}
+    targets = gpu_reset.get("targets") if _ran(gpu_reset) else None
+    return [{"pid": target.get("pid"), "name": str(target.get("name") or ""),
+             "cmdline": str(target.get("cmdline") or ""),
+             "reason": str(target.get("evidence") or target.get("reason") or "")}
+            for target in targets or [] if isinstance(target, Mapping)]
+
+
+def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
+    """One row of the report from a host's node_reset_result (None: the role left none).
+
+    read_only (a verify run, or a reset in check mode): the row also lists `would_stop`, and
+    `mib_used` per GPU, since nothing was stopped or freed."""
     if not isinstance(result, Mapping):
         return not_run_row(host, why_not_run)
     steps = result.get("steps") if isinstance(result.get("steps"), Mapping) else {}
@@ -161,14 +165,17 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
     before, after = memory_before(steps), _gpus(verify)
     freed = mib_freed(before, after)
     lost = lost_gpus(before, after, verify.get("count") if _ran(verify) else None)
+    per_step = seconds_per_step(steps)
     problems = [str(problem) for problem in result.get("problems") or []]
     # nvml_verify names a GPU it selected and found lost ("GPU 0 (...): lost (NVML: ...)"); a GPU
     # gone from the bus altogether only lowers NVML's count, so the report names that one itself.
     problems += ["GPU %s (%s) is lost: NVML read it before the reset and cannot read it now."
                  % (gpu["index"], gpu["uuid"] or "UUID unknown") for gpu in lost
                  if not any(_names_lost(problem, gpu) for problem in problems)]
-    if result.get("error"):
-        problems.append(str(result["error"]))
+    # The failed step's message once: not again when a problem already says it (or it repeats them).
+    error = str(result.get("error") or "")
+    if error and not any(error in problem or problem in error for problem in problems):
+        problems.append(error)
     row = {
         "host": host,
         "status": str(result.get("status") or "failed"),
@@ -182,13 +189,17 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN) -> dict:
         "gpus_lost": lost,
         "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
         "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
-        "seconds": _number(result.get("seconds_total"), float) or 0.0,
-        "seconds_per_step": seconds_per_step(steps),
+        # The host's own time: the sum of what its modules measured, not the controller's clock
+        # (which also counts the hosts' turns in lockstep and the skipped steps).
+        "seconds": round(sum(per_step.values()), 2),
+        "seconds_per_step": per_step,
         "problems": problems,
     }
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
-    if result.get("kind") == "verify":
+    if read_only:
+        row["would_stop"] = would_stop(steps)
+    if read_only or result.get("kind") == "verify":
         row["mib_used"] = {str(gpu.get("index")): gpu.get("memory_used_mib") for gpu in after}
     return row
 
@@ -259,24 +270,41 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(kind: str, stamp: str, rows: list, columns=()) -> str:
-    """The report as a Markdown table, then one line per host that is not ok, with why."""
+def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False) -> str:
+    """The report as a Markdown table, then the hosts that are not ok, one problem per line.
+
+    read_only: nothing was stopped or removed, so the columns say what a reset would do, and
+    each process a reset would stop is listed under its host."""
     titles = ["host", "status", "killed", "MiB freed", "shm freed", "bytecode removed", "seconds"]
+    if read_only:
+        titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
     titles += [str(column.get("title") or column["key"]) for column in columns]
     lines = ["# Fleet %s report %s" % (kind, stamp), "", "| %s |" % " | ".join(titles),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
+        used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
+        mib = sum(_number(value) or 0 for value in used.values()) if read_only else _number(row.get("mib_freed")) or 0
         cells = [_cell(row.get("host")), _cell(row.get("status")), "%d" % (_number(row.get("killed")) or 0),
-                 "%d" % (_number(row.get("mib_freed")) or 0), human_bytes(_number(row.get("shm_bytes_freed"))),
+                 "%d" % mib, human_bytes(_number(row.get("shm_bytes_freed"))),
                  "%d" % (_number(row.get("bytecode_removed")) or 0),
                  "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
         cells += [_cell(row.get(column["key"])) for column in columns]
         lines.append("| %s |" % " | ".join(cells))
     bad = [row for row in rows if not row.get("ok")]
-    lines += ["", "%d hosts, %d not ok." % (len(rows), len(bad))]
+    lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]
+    # One line per problem: a host with eight dirty GPUs reads as eight lines, not one.
     for row in bad:
-        lines.append("- %s (%s): %s" % (row.get("host"), row.get("status"),
-                                        "; ".join(row.get("problems") or []) or "no details"))
+        problems = [_cell(problem) for problem in row.get("problems") or []] or ["no details"]
+        lines.append("- %s (%s):" % (row.get("host"), row.get("status")))
+        lines += ["  - %s" % problem for problem in problems]
+    stopping = [row for row in rows if row.get("would_stop")]
+    if stopping:
+        lines += ["", "A reset would stop:"]
+    for row in stopping:
+        lines.append("- %s:" % _cell(row.get("host")))
+        for target in row["would_stop"]:
+            cells = [_cell(target.get(key)) for key in ("pid", "name", "reason", "cmdline")]
+            lines.append("  - pid %s %s (%s): %s" % tuple(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -292,6 +320,9 @@ def write_atomically(path: str, text: str) -> None:
 def check_args(args: dict) -> None:
     """Names that become file names, and columns that name a key; one sentence each."""
     problems = []
+    if not args["dest"] or not args["dest"].strip() or "\0" in args["dest"]:
+        problems.append("dest %r must name a directory (a relative one is under the directory ansible-playbook runs in)"
+                        % args["dest"])
     if not KIND.match(args["kind"]):
         problems.append("kind %r must be a lower-case name (letters, digits, - and _), at most 32 characters"
                         % args["kind"])
@@ -317,20 +348,29 @@ class ActionModule(ActionBase):
         stamp = args["stamp"] or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         hostvars = (task_vars or {}).get("hostvars") or {}
         rows, merged = read_reports(args["merge"], args["kind"])
+        # Nothing was stopped or removed: a verify run, or a reset in check mode.
+        read_only = bool(self._task.check_mode) or args["kind"] == "verify"
         for host in args["hosts"]:
             facts = hostvars[host] if host in hostvars else {}
             rows = [row for row in rows if row["host"] != host]
-            rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN))
+            rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN, read_only))
         rows = merge_rows(rows, args["rows"])
-        base = os.path.join(args["dest"], "%s-%s" % (args["kind"], stamp))
-        markdown = render_markdown(args["kind"], stamp, rows, args["columns"])
+        # A relative dest is under the controller's working directory (where ansible-playbook runs),
+        # made absolute so that the paths returned say where the files are.
+        args["dest"] = os.path.abspath(args["dest"])
+        # A check-mode run's report is written too (it is the controller's file, not a change of a
+        # target: what a reset would stop, to read before running it), named apart from a real one.
+        check = bool(self._task.check_mode)
+        base = os.path.join(args["dest"], "%s-%s%s" % (args["kind"], "check-" if check else "", stamp))
+        markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
+                                   args["columns"], read_only)
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        if check:
+            document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
                       rows=rows, merged_from=merged, changed=False)
-        if self._task.check_mode:
-            return result
         try:
             os.makedirs(args["dest"], mode=0o755, exist_ok=True)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")

@@ -18,6 +18,10 @@ import re
 import time
 from collections.abc import Mapping
 
+
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
+
 # (variable, minimum, exclusive minimum, maximum, the rule in words); 0 is also allowed where
 # ZERO_ALLOWED says so. A number given with -e is a string: it is converted first.
 NUMBERS = (
@@ -36,12 +40,20 @@ ZERO_ALLOWED = ("node_reset_pve_vmid",)
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
-# The variables node_reset_problems reads, for the role to pass (tests compare the two lists).
-VARIABLES = tuple(rule[0] for rule in NUMBERS) + SELECTORS + (
-    "node_reset_nvml_verify_checks", "node_reset_gpu_reset_cgroup", "node_reset_gpu_reset_users",
-    "node_reset_pve_host")
+# The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
+# types and choices are checked here, one sentence per variable, instead of by ansible-core's
+# validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
+SPEC = _role_spec.load_spec("node_reset")
+# The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all.
+VARIABLES = tuple(SPEC)
+# Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
+ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
+# Python's own rule for a module name: dotted identifiers.
+MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
 STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
+# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is `invalid`.
+HOST_CHECKS = ("pycache_check", "nvml_before")
 # The steps whose "the host did not answer" counts, in the order they run.
 REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
@@ -77,18 +89,44 @@ def _text(value) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def number_problems(values: Mapping) -> list:
+def spec_problems(values: Mapping) -> list:
+    """Types, choices and list items of the argument spec (the numbers are left to their rule)."""
+    return _role_spec.spec_problems(SPEC, values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
+
+
+def path_problems(values: Mapping) -> list:
+    """What the modules would refuse only after gpu_reset had run: said before any step."""
     problems = []
-    for name, minimum, above, maximum, rule in NUMBERS:
+    for name in ABSOLUTE:
         value = values.get(name)
-        number = _as_number(value)
-        # A NaN fails every comparison, so it fails the range like any other bad value.
-        good = number is not None and (
-            (name in ZERO_ALLOWED and number == 0)
-            or ((minimum is None or number >= minimum) and (above is None or number > above) and number <= maximum))
-        if not good:
-            problems.append("%s is %s: it must be %s." % (name, _to_json(value), rule))
+        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        bad = [item for item in items if not isinstance(item, str) or not item.startswith("/") or "\0" in item
+               or "\n" in item]
+        if bad:
+            problems.append("%s has %s: a path must be absolute (start with /), on one line." % (
+                name, ", ".join(map(_to_json, bad))))
+    modules = values.get("node_reset_pycache_purge_modules")
+    modules = _items(modules) if isinstance(modules, (str, list)) else []
+    bad = [item for item in modules if not isinstance(item, str) or not MODULE_NAME.match(item)]
+    if bad:
+        problems.append("node_reset_pycache_purge_modules has %s: a module is a dotted Python name such as"
+                        " vllm or vllm.model_executor." % ", ".join(map(_to_json, bad)))
+    patterns = values.get("node_reset_gpu_reset_cmdline_patterns")
+    for pattern in patterns if isinstance(patterns, list) else []:
+        try:
+            re.compile(_text(pattern))
+        except re.error as exc:
+            problems.append("node_reset_gpu_reset_cmdline_patterns has %s: not a regular expression (%s)."
+                            % (_to_json(pattern), exc))
+    for name in ("node_reset_shm_clean_patterns", "node_reset_gpu_reset_device_paths"):
+        value = values.get(name)
+        if isinstance(value, list) and any(not _text(item).strip() for item in value):
+            problems.append("%s is %s: an empty item would match nothing or everything." % (name, _to_json(value)))
     return problems
+
+
+def number_problems(values: Mapping) -> list:
+    return _role_spec.number_problems(NUMBERS, values, ZERO_ALLOWED)
 
 
 def input_problems(values: Mapping, pve_host_known=True) -> list:
@@ -135,7 +173,16 @@ def node_reset_problems(values, pve_host_known=True):
     if not isinstance(values, Mapping):
         raise TypeError("node_reset_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
-    return number_problems(values) + input_problems(values, bool(pve_host_known))
+    problems, named = [], set()
+    # One sentence per variable: the most specific rule first (a GPU selector's own words rather
+    # than "a list of texts"), the argument spec's types and choices last.
+    for problem in (number_problems(values) + input_problems(values, bool(pve_host_known)) + path_problems(values)
+                    + spec_problems(values)):
+        name = problem.split(" ", 1)[0]
+        if name not in named or name == "node_reset_pve_host":
+            problems.append(problem)
+        named.add(name)
+    return problems
 
 
 # --- the result ---------------------------------------------------------------------------------
@@ -179,12 +226,12 @@ def _would(gpu_reset, shm, pycache) -> list:
     """What a read-only run found for a reset to do: the reasons a verified host is dirty."""
     would = []
     if _list(gpu_reset, "targets"):
-        would.append("a reset would stop %d process(es)" % len(_list(gpu_reset, "targets")))
+        would.append("a reset would stop %s" % count_of(len(_list(gpu_reset, "targets")), "process"))
     if _list(shm, "removed"):
-        would.append("a reset would remove %d shared memory segment(s), %d bytes"
-                     % (len(_list(shm, "removed")), shm.get("bytes_freed") or 0))
+        would.append("a reset would remove %s, %s"
+                     % (count_of(len(_list(shm, "removed")), "shared memory segment"), human_bytes(shm.get("bytes_freed"))))
     if _list(pycache, "removed"):
-        would.append("a reset would remove %d bytecode file(s)" % len(_list(pycache, "removed")))
+        would.append("a reset would remove %s" % count_of(len(_list(pycache, "removed")), "bytecode file"))
     return would
 
 
@@ -201,6 +248,12 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     if not isinstance(steps, Mapping):
         raise TypeError("node_reset_result expects a mapping of the step results, got %s" % type(steps).__name__)
     failed_step = failed_step or None
+    failed_result = failed_result if isinstance(failed_result, Mapping) else {}
+    # A check on the host that refused an input (its module answered) refuses the host as a bad
+    # variable does; a module that could not run at all (no interpreter) is a failure of that step.
+    # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
+    if failed_step in HOST_CHECKS and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
+        invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
     if failed_step == "validate":
         # Nothing ran: whatever the registers hold is from an earlier run of the role.
         steps = {}

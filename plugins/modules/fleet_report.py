@@ -34,14 +34,20 @@ attributes:
     support: none
   check_mode:
     support: full
-    details: Nothing is written; RV(markdown) holds the table that would be written.
+    details:
+      - The report is written all the same (it is a file of the controller, not a change of any target), named
+        C(<kind>-check-<stamp>), with C(check_mode) true in the JSON; its columns say what a reset would stop and remove,
+        and each row lists C(would_stop).
   diff_mode:
     support: none
   platform:
     platforms: posix
 options:
   dest:
-    description: Directory on the controller for the report files; created when missing.
+    description:
+      - Directory on the controller for the report files; created when missing.
+      - A relative path is under the controller's current directory (where C(ansible-playbook) runs); the playbooks
+        default to C(reports), so that a playbook run by its FQCN never writes inside the installed collection.
     type: path
     required: true
   kind:
@@ -65,6 +71,11 @@ options:
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run.'
+      - 'In a read-only run (a verify run, or any run in check mode) each row also has C(would_stop), one
+        C({pid, name, cmdline, reason}) per process a reset would stop, and C(mib_used) (MiB used per GPU index); the
+        Markdown table titles its columns C(would stop), C(MiB used), C(shm would remove) and C(bytecode would remove),
+        and lists each process a reset would stop under its host.'
+      - C(seconds) is the sum of C(seconds_per_step), the times the host's modules measured; a skipped step has none.
     type: list
     elements: str
     default: []
@@ -112,7 +123,7 @@ notes:
 EXAMPLES = r"""
 - name: Write the report of a reset, one row per host from its node_reset_result
   cleanslate.gpu.fleet_report:
-    dest: "{{ playbook_dir }}/../reports"
+    dest: reports
     kind: reset
     hosts: "{{ ansible_play_hosts_all }}"
   delegate_to: localhost
@@ -126,7 +137,7 @@ EXAMPLES = r"""
 
 - name: Add a column of another role's results to the same report
   cleanslate.gpu.fleet_report:
-    dest: "{{ playbook_dir }}/../reports"
+    dest: reports
     kind: reset_and_serve
     hosts: "{{ ansible_play_hosts_all }}"
     rows:

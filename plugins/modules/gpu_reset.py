@@ -64,7 +64,9 @@ attributes:
   diff_mode:
     support: full
     details:
-      - The processes that map the device files, before and after.
+      - The processes that map the device files, before and after, one line each; each target's line also says why it
+        is one (its reason and evidence) and its command line, so a target found by O(cmdline_patterns) that maps no
+        device file is listed too.
   platform:
     platforms: posix
 notes:
@@ -802,9 +804,21 @@ def plan_targets(planner, round_no):
     return targets, {t["pid"]: planner.table[t["pid"]]["starttime"] for t in targets}
 
 
-def holders_text(held):
-    return "".join("%d %s: %s\n" % (pid, printable(process_name(pid)) or "?", ", ".join(printable(d) for d in devs))
-                   for pid, devs in sorted(held.items()))
+def holders_text(held, targets=()):
+    """The diff's text: one line per process that maps a device file or is a target; a target's
+    line ends with what makes it one and its command line, so that a target found by
+    cmdline_patterns (the API server, which maps no device file) shows too."""
+    by_pid = {target["pid"]: target for target in targets}
+    lines = []
+    for pid in sorted(set(held) | set(by_pid)):
+        target = by_pid.get(pid)
+        name = target["name"] if target else printable(process_name(pid)) or "?"
+        devices = ", ".join(printable(d) for d in held.get(pid, [])) or "no device file"
+        line = "%d %s: %s" % (pid, name, devices)
+        if target:
+            line += " -- stop, %s (%s): %s" % (target["reason"], target.get("evidence") or "", target["cmdline"])
+        lines.append(line.replace("\n", " ") + "\n")
+    return "".join(lines)
 
 
 def survivor_report(target, signals, action):
@@ -877,15 +891,17 @@ def run(module, started):
         "protected": dict(planner.protected), "clients": planner.clients(),
     }
     before = dict(planner.mapped)
-    before_text = holders_text(before) if module._diff else ""  # names are read while they live
+    before_text = holders_text(before, targets) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
         after = {pid: devs for pid, devs in before.items() if pid not in planner.reasons}
     else:
         after = stop(params, new_planner, targets, identity, result).mapped
+    # What is left after the reset: a target that survived keeps its line.
+    left = [target for target in targets if target["pid"] in {item["pid"] for item in result["survivors"]}]
     result["protected"] = [{"pid": pid, "name": printable(process_name(pid)), "reason": why}
                            for pid, why in sorted(result["protected"].items())]
     if module._diff:
-        result["diff"] = {"before": before_text, "after": holders_text(after)}
+        result["diff"] = {"before": before_text, "after": holders_text(after, left)}
     result["elapsed_s"] = round(time.monotonic() - started, 3)
     return result
 

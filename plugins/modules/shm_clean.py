@@ -120,6 +120,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+elapsed_s:
+  description: Seconds the module took on the host, from its start to its result.
+  returned: success
+  type: float
+  sample: 0.02
+  version_added: 0.2.0
 removed:
   description:
     - The entries removed; in check mode, the entries that would be removed.
@@ -497,6 +503,7 @@ def main():
         ),
         supports_check_mode=True,
     )
+    started = time.monotonic()
     fail_on_problems(module, input_problems(module.params))
     fd, problem = open_directory(module.params['path'])
     if problem:
@@ -505,6 +512,8 @@ def main():
         result = clean(module, fd, real_dir(fd))
     finally:
         os.close(fd)
+    # The host's own time for the step, which the fleet report shows (not the controller's clock).
+    result['elapsed_s'] = round(time.monotonic() - started, 3)
     if result['errors']:
         module.fail_json(
             msg='could not examine or remove %d entr%s: %s' % (

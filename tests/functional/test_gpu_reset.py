@@ -113,12 +113,23 @@ def test_check_mode_lists_targets_and_kills_nothing(fake_nvml_lib):
     assert set(t["pid"] for t in result["targets"]) == _pids(manifest, "api_server", *HOLDER_ROLES)
     assert result["killed"] == []
     assert all(alive.values())
-    # diff: before lists every process that maps a device file, after only the one that holds
-    # no memory (CUDA initialised without a context)
+    # diff: before lists every process that maps a device file and every target (the API server,
+    # found by its command line, maps none), after only the one that holds no memory (CUDA
+    # initialised without a context)
     init_only = _role(manifest, "init_only")[0]["pid"]
     assert result["diff"]["after"].startswith("%d " % init_only)
     assert len(result["diff"]["after"].splitlines()) == 1
-    assert len(result["diff"]["before"].splitlines()) == len(_pids(manifest, "init_only", *HOLDER_ROLES))
+    before = result["diff"]["before"].splitlines()
+    assert len(before) == len(_pids(manifest, "init_only", "api_server", *HOLDER_ROLES))
+    # Each target with its pid, name, reason and command line.
+    for target in result["targets"]:
+        line = next(line for line in before if line.startswith("%d " % target["pid"]))
+        assert line == "%d %s: %s -- stop, %s (%s): %s" % (
+            target["pid"], target["name"], ", ".join(target["devices"]) or "no device file", target["reason"],
+            target["evidence"], target["cmdline"]), line
+    api = _role(manifest, "api_server")[0]["pid"]
+    assert any(line.startswith("%d " % api) and "no device file -- stop, cmdline (command line matches" in line
+               for line in before), before
 
 
 def test_api_server_dies_only_when_a_pattern_names_it(fake_nvml_lib):

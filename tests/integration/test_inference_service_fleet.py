@@ -274,8 +274,10 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert rows["node1"]["status"] == "invalid" and rows["node1"]["service"]["status"] == "failed"
         assert rows["node1"]["killed"] == 0 and rows["node1"]["seconds_per_step"] == {}
         assert len(rows["node1"]["problems"]) == 1 and "tensor_parallel_size" in rows["node1"]["problems"][0]
-        assert ("node1 is invalid: inference_service: inference_service_speculative.tensor_parallel_size is refused"
+        # The sentence once, in the report's list; the failure names the host and its status.
+        assert ("  - inference_service: inference_service_speculative.tensor_parallel_size is refused"
                 in proc.stdout), proc.stdout[-6000:]
+        assert "node1 is invalid: its problems are listed in the fleet report above" in proc.stdout
         assert rows["node3"]["status"] == "invalid", rows["node3"]
         assert ("inference_service_config_dir /tmp is not a directory that root owns and only root may write"
                 in rows["node3"]["problems"][0]), rows["node3"]
@@ -369,7 +371,8 @@ def test_check_mode_shows_the_diff_with_secrets_hidden_and_restarts_nothing(serv
     assert API_KEY not in proc.stdout and HF_TOKEN not in proc.stdout
     assert {name: served.main_pid(name) for name in HOSTS} == before
     assert "--max-num-seqs" not in served.cmdline("node1", before["node1"])
-    assert report is None  # check mode writes no report; it prints the table
+    # Check mode writes its report apart (reset_and_serve-check-*), marked as such, and prints the table.
+    assert report["check_mode"] is True and served.rows(report)["node1"]["status"] == "ok", report
     assert re.search(r"^\s+\"\| node1 \| ok \|.* \| vllm 0\.33\.0 \| - \| - \| - \| check \|", proc.stdout, re.M)
 
 
@@ -443,7 +446,7 @@ def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
         assert service["status"] == "degraded" and abs(service["acceptance_rate"] - 0.15) < 0.05
         assert "below inference_service_min_acceptance_rate 30%" in service["reason"]
         assert "[WARNING]: speculative decoding accepts 15% of drafted tokens" in proc.stdout + proc.stderr
-        assert "- node1 (ok): service degraded: speculative decoding accepts" in proc.stdout
+        assert '"- node1 (ok):",\n        "  - service degraded: speculative decoding accepts' in proc.stdout
 
         served.vars["node1"]["inference_service_fail_on_degraded"] = True
         proc, report = served.play(limit="node1")

@@ -194,16 +194,30 @@ def test_the_same_checks_guard_the_verify_playbook(module_node, tmp_path):
     assert "List the processes a reset would stop" not in proc.stdout
 
 
-@pytest.mark.parametrize("bad", [{"node_reset_gpu_reset_grace_period": "soon"},
-                                 {"node_reset_pycache_purge_mode": "everything"}])
-def test_the_verify_entry_points_argument_spec_guards_the_verify_playbook(module_node, tmp_path, bad):
-    """ansible-core validates an entry point only when tasks_from names it as argument_specs.yml
-    does (`verify`, not `verify.yml`): types and choices are refused before the first step."""
-    proc, _row = _reset(module_node, tmp_path, values=bad, playbook="verify")
+@pytest.mark.parametrize("playbook", ["reset", "verify"])
+@pytest.mark.parametrize("bad, sentence", [
+    ({"node_reset_gpu_reset_grace_period": "soon"},
+     'node_reset_gpu_reset_grace_period is "soon": it must be a number of seconds from 0 to 3600.'),
+    ({"node_reset_pycache_purge_mode": "everything"},
+     'node_reset_pycache_purge_mode is "everything": it must be one of stale, all.'),
+    ({"node_reset_gpu_reset_device_paths": {"not": "a list"}},
+     'node_reset_gpu_reset_device_paths is {"not": "a list"}: it must be a list of texts.'),
+    ({"node_reset_environment": ["LD_LIBRARY_PATH=/x"]},
+     'node_reset_environment is ["LD_LIBRARY_PATH=/x"]: it must be a mapping of names to values.'),
+    ({"node_reset_fail_host": "maybe"}, 'node_reset_fail_host is "maybe": it must be true or false.'),
+])
+def test_a_bad_type_or_choice_is_one_line_and_the_host_is_reported_invalid(module_node, tmp_path, playbook, bad,
+                                                                           sentence):
+    """Issue 17: ansible-core's validation task printed the whole argument spec (~6 KB) after the
+    line that matters, and ended the host before the report (no row). Now: one sentence naming
+    the variable, its value and its rule; the row says `invalid`; nothing touched."""
+    proc, row = _reset(module_node, tmp_path, values=bad, playbook=playbook)
     assert proc.returncode == 2, proc.stdout[-3000:]
-    assert '"argument_spec_name": "verify"' in proc.stdout, proc.stdout[-3000:]
-    assert "Validation of arguments failed" in proc.stdout and next(iter(bad)) in proc.stdout, proc.stdout[-3000:]
+    assert row is not None and row["status"] == "invalid" and row["problems"] == [sentence], row
+    assert "argument_spec_data" not in proc.stdout and "Validating arguments against arg spec" not in proc.stdout
+    assert len(proc.stdout) < 4500, len(proc.stdout)  # was about 9.3 KB with the spec
     assert "List the processes a reset would stop" not in proc.stdout
+    assert "Stop every process that holds a GPU" not in proc.stdout
     _untouched(module_node)
 
 
@@ -220,3 +234,29 @@ def test_numbers_and_lists_typed_on_the_command_line_work(crashed_node, tmp_path
         "node_reset_install_deps": "false"})
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert row["status"] == "ok" and row["killed"] > 0, row
+
+
+@pytest.mark.parametrize("bad, sentence", [
+    # What only the host can tell, checked on the host before anything is stopped.
+    ({"node_reset_pycache_purge_modules": ["vllm_misspelled"]}, "module 'vllm_misspelled' not found"),
+    ({"node_reset_pycache_purge_paths": ["/nonexistent/site-packages"]}, "/nonexistent/site-packages"),
+    ({"node_reset_nvml_verify_gpus": ["9"]}, "unknown GPU '9': this host has GPU indices 0-3"),
+    # What the controller can tell: before any task reaches the host.
+    ({"node_reset_pycache_purge_modules": ["vllm\n", "a b"]}, 'node_reset_pycache_purge_modules has "vllm\\n", "a b"'),
+    ({"node_reset_pycache_purge_paths": ["site-packages"]}, 'node_reset_pycache_purge_paths has "site-packages": a path'),
+    ({"node_reset_shm_clean_path": "dev/shm"}, 'node_reset_shm_clean_path has "dev/shm": a path must be absolute'),
+    ({"node_reset_shm_clean_patterns": ["nccl-*", ""]}, "node_reset_shm_clean_patterns is [\"nccl-*\", \"\"]: an empty"),
+    ({"node_reset_gpu_reset_cmdline_patterns": ["vllm(serve"]},
+     'node_reset_gpu_reset_cmdline_patterns has "vllm(serve": not a regular expression'),
+])
+def test_every_input_is_checked_before_the_first_process_is_signalled(module_node, tmp_path, bad, sentence):
+    """Issue 17: a misspelled module used to fail only after gpu_reset and shm_clean had run, and
+    NVML's selection was never checked before. Now the host is `invalid`, with the sentence, and
+    every process of the crashed node is still running (nothing signalled, nothing removed)."""
+    proc, row = _reset(module_node, tmp_path, values=bad)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "invalid", row
+    assert any(sentence in problem for problem in row["problems"]), row["problems"]
+    assert row["killed"] == 0 and not row["changed"], row
+    assert "Stop every process that holds a GPU" not in proc.stdout
+    _untouched(module_node)

@@ -86,7 +86,10 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         report = sorted((tmp_path / "reports").glob(f"{name}-*.json"))[-1]
         rows = {row["host"]: row for row in json.loads(report.read_text())["hosts"]}
         assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
-        assert rows["broken-node"]["status"] == "failed at gpu_reset", rows["broken-node"]
+        # Its first module run: in a reset, the check of the bytecode targets (node_reset_vars gives
+        # paths), before anything is stopped; in verify, gpu_reset's listing.
+        first = "gpu_reset" if name == "verify" else "pycache_check"
+        assert rows["broken-node"]["status"] == "failed at " + first, rows["broken-node"]
         assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
     assert rows["dead-ct"]["status"] == "swept-unreachable", rows["dead-ct"]
 
@@ -102,7 +105,7 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     start = time.monotonic()
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml", "--check",
-                           "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}"],
+                           "--diff", "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False, env=env)
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -110,10 +113,27 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     assert all(_alive(pid) for pid in every_pid), "--check must not signal anything"
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     assert Path(manifest["site_packages"]["pyc"]).exists()
-    assert not list((tmp_path / "reports").glob("*"))  # the report is not written in check mode
-    # The printed table counts what a reset would stop, not 0.
+    # The report is written, named apart from a real reset's, and lists what a reset would stop.
+    assert not list((tmp_path / "reports").glob("reset-2*"))
+    reports = list((tmp_path / "reports").glob("reset-check-*.json"))
+    assert len(reports) == 1, proc.stdout[-3000:]
+    document = json.loads(reports[0].read_text())
+    assert document["check_mode"] is True
+    would_stop = {entry["pid"]: entry for entry in document["hosts"][0]["would_stop"]}
+    api = manifest["processes"]["api_server"][0]["pid"]
+    workers = [entry["pid"] for entry in manifest["processes"]["worker"]]
+    assert set(workers) | {api} <= set(would_stop), would_stop
+    assert "command line matches" in would_stop[api]["reason"] and would_stop[api]["cmdline"], would_stop[api]
+    assert all(entry["name"] and entry["cmdline"] and entry["reason"] for entry in would_stop.values())
+    markdown = reports[0].with_suffix(".md").read_text()
+    assert "| host | status | would stop | MiB used | shm would remove | bytecode would remove | seconds |" in markdown
+    assert "  - pid %d " % api in markdown
+    # The printed table counts what a reset would stop, not 0, with sizes people read.
     row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
     assert int(row.split("|")[3]) >= len(manifest["processes"]["worker"]), row
+    assert row.split("|")[5].strip().endswith(("Bytes", "KiB", "MiB", "GiB")), row
+    # --diff shows every target, the API server (found by its command line, no device file) too.
+    assert any(line.lstrip("-").startswith("%d " % api) and "stop, cmdline" in line for line in proc.stdout.splitlines())
 
 
 def test_a_container_that_still_shows_memory_after_its_own_reset_is_swept_from_its_node(crashed_node, tmp_path):
@@ -312,7 +332,7 @@ def test_verify_does_not_call_a_host_clean_when_a_reset_would_remove_bytecode(cr
     assert proc.returncode == 2, proc.stdout[-3000:]
     row = rows["simulated-node"]
     assert row["status"] == "dirty" and row["bytecode_removed"] == 1 and row["killed"] == 0, row
-    assert row["problems"] == ["a reset would remove 1 bytecode file(s)"], row
+    assert row["problems"] == ["a reset would remove 1 bytecode file"], row
     assert Path(manifest["site_packages"]["pyc"]).exists()
 
 

@@ -11,12 +11,14 @@ from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars
 
 
-def _play(installed, name: str, manifest: dict, tmp_path: Path, **overrides) -> tuple:
-    """ansible-playbook cleanslate.gpu.NAME from a directory outside the checkout; (process, report row)."""
+def _play(installed, name: str, manifest: dict, tmp_path: Path, default_path: bool = False, **overrides) -> tuple:
+    """ansible-playbook cleanslate.gpu.NAME from a directory outside the checkout; (process, report row).
+    default_path: no fleet_report_path, so the report goes to ./reports of that directory."""
     _collections, _root, workdir, env = installed
-    reports = tmp_path / "reports"
+    reports = Path(workdir) / "reports" if default_path else tmp_path / "reports"
     extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(reports), **overrides)))
+    paths = {} if default_path else {"fleet_report_path": str(reports)}
+    extra.write_text(json.dumps(node_reset_vars(manifest, **paths, **overrides)))
     before = set(reports.glob("*.json"))
     proc = subprocess.run([str(BIN / "ansible-playbook"), f"cleanslate.gpu.{name}", "-i",
                            str(simulated_inventory(tmp_path / "inventory.json")), "-l", "gpu_nodes",
@@ -45,5 +47,8 @@ def test_verify_reset_verify_by_fqcn_from_the_installed_tarball(installed, crash
     assert all(procinfo.alive(entry["pid"]) for role in ("bystander", "persistenced")
                for entry in crashed_node["processes"][role])
 
-    proc, row = _play(installed, "verify", crashed_node, tmp_path)
+    # No fleet_report_path: ./reports under the directory ansible-playbook runs in, never inside
+    # the installed collection (playbook_dir/../reports was, for a playbook run by its FQCN).
+    proc, row = _play(installed, "verify", crashed_node, tmp_path, default_path=True)
     assert proc.returncode == 0 and row["status"] == "clean", proc.stdout[-3000:]
+    assert not (root / "reports").exists() and not list(root.rglob("verify-*.json"))

@@ -32,6 +32,13 @@ def test_reset_then_verify_jobs_succeed_and_their_events_carry_each_hosts_result
     assert [row["host"] for row in report["rows"]] == ["simulated-node"] and report["rows"][0]["status"] == "ok"
     assert report["json_path"].startswith(str(reports) + "/") and (reports / report["json_path"].split("/")[-1]).exists()
     assert not any(procinfo.alive(entry["pid"]) for entry in crashed_node["processes"]["worker"])
+    # The rows also reach the job's artifacts (set_stats), which AWX keeps with the job.
+    stats = [event["event_data"].get("artifact_data") or {} for event in job.events
+             if event["event"] == "playbook_on_stats"]
+    assert len(stats) == 1 and "cleanslate_gpu_fleet_report" in stats[0], stats
+    kept = stats[0]["cleanslate_gpu_fleet_report"]
+    assert kept["kind"] == "reset" and [row["host"] for row in kept["hosts"]] == ["simulated-node"], kept
+    assert kept["hosts"][0]["status"] == "ok" and kept["json_path"] == report["json_path"], kept
 
     job = run_job(pdd, "playbooks/verify.yml", worker, "verify")
     assert (job.status, job.rc) == ("successful", 0), job.stdout[-3000:]
@@ -49,11 +56,13 @@ def test_a_failing_host_fails_the_job_and_the_report_is_still_written(release_ta
     job = run_job(pdd, "playbooks/reset.yml", worker, "reset")
     assert (job.status, job.rc) == ("failed", 2), job.stdout[-3000:]
     rows = {row["host"]: row for row in job.fleet_report()["rows"]}
-    assert rows["simulated-node"]["status"] == "ok" and rows["broken-node"]["status"] == "failed at gpu_reset", rows
+    # broken-node's first module run is the check of the bytecode targets, before anything is stopped.
+    assert rows["simulated-node"]["status"] == "ok", rows
+    assert rows["broken-node"]["status"] == "failed at pycache_check", rows
     assert len(list(reports.glob("reset-*.json"))) == 1 and len(list(reports.glob("reset-*.md"))) == 1
     failed = [event["event_data"] for event in job.events if event["event"] == "runner_on_failed"
               and not event["event_data"].get("ignore_errors")]
-    # gpu_reset's own failure (rescued by the role), then the verdict after the report.
+    # The first module's failure (rescued by the role), then the verdict after the report.
     assert {data["host"] for data in failed} == {"broken-node"}, failed
     assert failed[-1]["task"] == "Fail the hosts that are not ok"
-    assert "broken-node is failed at gpu_reset" in failed[-1]["res"]["msg"]
+    assert "broken-node is failed at pycache_check" in failed[-1]["res"]["msg"]

@@ -6,8 +6,9 @@ import json
 import pytest
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, human_bytes, merge_rows,
-                                                                            read_reports, render_markdown)
+from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, merge_rows, read_reports,
+                                                                            render_markdown)
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 
 def row(host, ok=True, status="ok", **values):
@@ -35,8 +36,28 @@ def test_one_row_per_host_then_the_hosts_that_are_not_ok_with_why():
     assert "| node1 | ok | 9 | 565000 | 1.0 MiB | 1 | 4.2 |" in lines
     assert "| node2 | unreachable | 0 | 0 | 0 Bytes | 0 | 0.0 |" in lines
     assert "3 hosts, 2 not ok." in lines
-    assert "- node2 (unreachable): no details" in lines
-    assert "- node3 (failed): GPU 3: 1200 MiB used; pid 77 (D state)" in lines
+    assert lines[lines.index("- node2 (unreachable):") + 1] == "  - no details"
+    # One problem per line, each once.
+    at = lines.index("- node3 (failed):")
+    assert lines[at + 1:at + 3] == ["  - GPU 3: 1200 MiB used", "  - pid 77 (D state)"]
+    assert text.count("GPU 3: 1200 MiB used") == 1
+
+
+def test_every_count_says_its_noun_in_the_right_number():
+    assert "1 host, 0 not ok." in render_markdown("verify", "T", [row("node1")]).splitlines()
+    assert [count_of(n, "process") for n in (0, 1, 2)] == ["0 processes", "1 process", "2 processes"]
+    assert [count_of(n, "GPU") for n in (1, 8)] == ["1 GPU", "8 GPUs"]
+    assert count_of(1, "bytecode file") == "1 bytecode file"
+
+
+@pytest.mark.parametrize("bad", [None, "", "many", float("nan"), float("inf"), -5, [1]])
+def test_a_size_that_is_no_size_reads_as_zero(bad):
+    assert human_bytes(bad) == "0 Bytes"
+
+
+def test_a_problem_with_a_newline_stays_on_its_own_line():
+    lines = render_markdown("reset", "T", [row("n", ok=False, status="dirty", problems=["a\nb|c"])]).splitlines()
+    assert lines[-1] == "  - a b\\|c"
 
 
 def test_an_empty_fleet_still_gives_a_table():
@@ -73,6 +94,9 @@ def test_mib_freed_follows_each_gpu_by_uuid_when_one_falls_off_the_bus():
     assert row["gpus_lost"] == [{"index": 0, "uuid": "GPU-a"}]
     assert "GPU 0 (GPU-a) is lost: NVML read it before the reset and cannot read it now." in row["problems"]
     assert row["seconds_per_step"] == {"gpu_reset": 3.0, "nvml_verify": 1.0}
+    # The host's own time: its steps' sum, not the controller's 4.5 s (seconds_total); the skipped
+    # pycache_purge has no seconds.
+    assert row["seconds"] == 4.0
 
 
 def test_a_gpu_nvml_counts_but_cannot_read_has_no_figure_and_keeps_nvmls_sentence():
@@ -115,8 +139,8 @@ def test_added_rows_add_keys_append_problems_and_can_only_make_a_host_worse():
     assert by_host["node3"] == {"host": "node3", "service": "down"}
     text = render_markdown("reset_and_serve", "T", rows, [{"key": "service", "title": "service"}])
     assert "| host | status | killed | MiB freed | shm freed | bytecode removed | seconds | service |" in text
-    assert "| node1 | ok | 3 | 0 | 10 Bytes | 1 | 4.5 | ready |" in text
-    assert "- node1 (ok): no /health" in text
+    assert "| node1 | ok | 3 | 0 | 10 Bytes | 1 | 4.0 | ready |" in text
+    assert "- node1 (ok):\n  - no /health\n" in text
 
 
 # ----- merging the reports of slices -----

@@ -129,7 +129,7 @@ def test_a_reset_that_cleaned_the_node_and_its_report_row():
     assert sorted(result["steps"]) == ["gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
                                        "shm_clean", "unit"]
     row = host_row("node1", result)
-    assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 4.26
+    assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 3.6  # its steps, not seconds_total
     assert row["seconds_per_step"] == {"gpu_reset": 3.2, "nvml_verify": 0.4}
 
 
@@ -187,9 +187,9 @@ def test_a_verify_run_is_clean_only_when_a_reset_would_do_nothing():
                   pycache_purge={"changed": False, "removed": [{"path": "y.pyc"}]})
     result = node_reset_result(would, "node1", kind="verify", read_only=True)
     assert result["status"] == "dirty" and result["killed_count"] == 1 and not result["changed"]
-    assert result["problems"] == ["a reset would stop 1 process(es)",
-                                  "a reset would remove 1 shared memory segment(s), 4096 bytes",
-                                  "a reset would remove 1 bytecode file(s)"]
+    assert result["problems"] == ["a reset would stop 1 process",
+                                  "a reset would remove 1 shared memory segment, 4.0 KiB",
+                                  "a reset would remove 1 bytecode file"]
     clean = steps(gpu_reset={"targets": []}, shm_clean={"removed": []})
     assert node_reset_result(clean, "node1", kind="verify", read_only=True)["status"] == "clean"
 
@@ -211,3 +211,17 @@ def test_the_unit_found_and_stopped_or_missing():
 def test_a_start_time_that_is_no_number_gives_zero_seconds():
     assert node_reset_result(steps(), "n", started="soon", now=5.0)["seconds_total"] == 0.0
     assert node_reset_result(steps(), "n", started=math.nan, now=5.0)["seconds_total"] == 0.0
+
+
+def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_run_is_failed():
+    refused = {"failed": True, "msg": "module 'vlm' not found", "exception": "(traceback unavailable)",
+               "_ansible_parsed": True}
+    result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=refused)
+    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    assert result["error"] is None
+    broken = {"failed": True, "msg": "The module interpreter '/x' was not found.", "module_stderr": "not found",
+              "rc": 127}
+    result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=broken)
+    assert result["status"] == "failed at pycache_check" and result["error"].startswith("The module interpreter")
+    selection = {"failed": True, "msg": "unknown GPU '9': this host has GPU indices 0-3"}
+    assert node_reset_result(steps(), "n", failed_step="nvml_before", failed_result=selection)["status"] == "invalid"

@@ -1,0 +1,114 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The fleet playbooks' first task, once per run on the controller: is any host of the group
+targeted, and is every role variable given one the roles know?
+
+Ansible ends a run whose limit matches hosts, none of them in the play's group, with
+"skipping: no hosts matched" and exit status 0: an AWX job with a wrong inventory "succeeds".
+And a misspelled role variable (node_reset_grace_period) is ignored without a word. Both are
+checked here, in Python, once: a task per host would cost the controller a worker per host.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+
+import yaml
+
+from ansible.errors import AnsibleActionFail
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
+
+ARGUMENT_SPEC = {
+    "group": {"type": "str", "default": "gpu_nodes"},
+}
+# The roles whose variables are checked; a name with one of their prefixes must be one of theirs.
+ROLES = ("node_reset", "inference_service")
+# What the roles set for the user to read (facts), not variables to give; they are no misspelling.
+PUBLISHED = ("node_reset_result", "inference_service_result", "inference_service_assessment",
+             "inference_service_report_row")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def known_variables(root: str = ROOT) -> list:
+    """Every variable of every entry point of ROLES (their meta/argument_specs.yml), and PUBLISHED."""
+    names = set(PUBLISHED)
+    for role in ROLES:
+        with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
+            specs = yaml.safe_load(handle)["argument_specs"]
+        for entry in specs.values():
+            names.update((entry or {}).get("options") or {})
+    return sorted(names)
+
+
+def _shown(name) -> str:
+    """A name as one line, whatever it holds: repr, without the quotes of a plain one."""
+    text = repr(name)
+    return text[1:-1] if re.match(r"[A-Za-z0-9_]+\Z", str(name)) else text
+
+
+def unknown_variables(names, known) -> list:
+    """One sentence per name with a role's prefix that no role knows, with the nearest known name.
+
+    The roles' own names (`__node_reset_*`, `__inference_service_*`) and every name without a
+    role's prefix (fleet_*, ansible_*, the user's own) are not checked."""
+    prefixes = tuple(role + "_" for role in ROLES)
+    known = set(known)
+    sentences = []
+    for name in sorted({str(name) for name in names}):
+        if not name.startswith(prefixes) or name in known:
+            continue
+        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        role = next(role for role in ROLES if name.startswith(role + "_"))
+        sentences.append("%s is not a variable of the %s role, and is ignored%s" % (
+            _shown(name), role, ": did you mean %s?" % near[0] if near else
+            " (ansible-doc -t role cleanslate.gpu.%s lists its variables)." % role))
+    return sentences
+
+
+def targeted(group_hosts, play_hosts) -> list:
+    """The hosts of the group that this run targets, in the group's order."""
+    play = set(play_hosts or [])
+    return [host for host in group_hosts or [] if host in play]
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp  # not used: nothing runs on a target
+        task_vars = task_vars or {}
+        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+        group = args["group"]
+        groups = task_vars.get("groups") or {}
+        hosts = targeted(groups.get(group), task_vars.get("ansible_play_hosts_all"))
+        if not hosts:
+            limit = task_vars.get("ansible_limit")
+            sources = ", ".join(map(str, task_vars.get("ansible_inventory_sources") or [])) or "none"
+            raise AnsibleActionFail(
+                "no host of the group %s matches %s (inventory: %s): nothing would be reset or checked, so the"
+                " run fails rather than succeed without doing anything." % (
+                    _shown(group), "the limit %s" % _shown(limit) if limit else "this inventory"
+                    if group in groups else "this inventory, which has no such group", sources))
+        # The variables as the first targeted host sees them: extra vars, play vars, its group
+        # and host vars. One host's view: reading every host's would cost the controller per host.
+        hostvars = task_vars.get("hostvars") or {}
+        first = hostvars[hosts[0]] if hosts[0] in hostvars else {}
+        names = list(first.keys()) if isinstance(first, Mapping) else []
+        names += [name for name in task_vars if name not in names]
+        unknown = unknown_variables(names, known_variables())
+        if unknown:
+            result["warnings"] = list(result.get("warnings") or []) + unknown
+        result.update(changed=False, hosts=hosts, unknown_variables=unknown,
+                      msg="%s of %s targeted" % (count_of(len(hosts), "host"), group))
+        return result

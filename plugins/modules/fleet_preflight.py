@@ -1,0 +1,77 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: fleet_preflight
+short_description: Check that a fleet run targets a host of its group, and warn about misspelled role variables
+version_added: 0.1.0
+description:
+  - Runs entirely on the controller, once per run (the fleet playbooks call it in their first play with C(run_once)).
+  - >-
+    Fails when no host of O(group) is targeted by the run (the inventory has none, or the limit matches none of them),
+    with one sentence naming the group, the limit and the inventory. Without it, Ansible would print
+    C(skipping: no hosts matched) and exit 0, and an AWX job with a wrong inventory would succeed.
+  - Warns, once per name, about each variable whose name starts with C(node_reset_) or C(inference_service_) that is
+    no variable of the C(cleanslate.gpu.node_reset) or C(cleanslate.gpu.inference_service) role (their
+    C(meta/argument_specs.yml)) nor a fact they set, naming the nearest known variable. Such a variable is otherwise
+    ignored without a word. Names starting with C(__) (the roles' own) and names without those prefixes are not
+    checked.
+  - The variables checked are those the first targeted host of O(group) sees (extra vars, play vars, its group and host
+    vars); reading every host's would cost the controller time per host.
+author:
+  - cleanslate.gpu maintainers (@cleanslate)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Checks the same way; it never changes anything.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  group:
+    description: The inventory group the run is for.
+    type: str
+    default: gpu_nodes
+"""
+
+EXAMPLES = r"""
+- name: Check what the run targets
+  hosts: all:localhost
+  gather_facts: false
+  tasks:
+    - name: Fail when no GPU node is targeted; warn about misspelled role variables
+      cleanslate.gpu.fleet_preflight:
+        group: gpu_nodes
+      run_once: true
+"""
+
+RETURN = r"""
+hosts:
+  description: The targeted hosts of O(group), in the inventory's order.
+  returned: success
+  type: list
+  elements: str
+  sample: [gpu-node-01, gpu-node-02]
+unknown_variables:
+  description: The warnings, one per unknown role variable (also shown as warnings).
+  returned: success
+  type: list
+  elements: str
+  sample: ["node_reset_grace_period is not a variable of the node_reset role, and is ignored: did you mean
+            node_reset_gpu_reset_grace_period?"]
+"""

@@ -1,0 +1,34 @@
+"""inference_service's own check of its variables: one sentence per bad variable, secrets unshown."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import SPEC, inference_service_problems
+
+
+def _service_values(**changes):
+    defaults = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "inference_service" / "defaults"
+                               / "main.yml").read_text())
+    values = {name: defaults[name] for name in SPEC}
+    values.update(changes)
+    return values
+
+
+def test_the_defaults_pass_and_each_bad_variable_is_one_sentence_with_its_rule():
+    assert inference_service_problems(_service_values()) == []
+    problems = inference_service_problems(_service_values(
+        inference_service_poll_interval="nan", inference_service_ready_timeout="inf", inference_service_port="abc",
+        inference_service_engine="tgi", inference_service_smoke_completions="1.5"))
+    assert problems == [
+        'inference_service_ready_timeout is "inf": it must be a whole number of seconds from 0 to 604800 (a week).',
+        'inference_service_poll_interval is "nan": it must be a number of seconds above 0, at most 3600.',
+        'inference_service_smoke_completions is "1.5": it must be a whole number of completions from 1 to 100.',
+        'inference_service_engine is "tgi": it must be one of vllm, sglang.',
+        'inference_service_port is "abc": it must be a whole number.']
+
+
+def test_a_secret_of_the_wrong_type_is_named_without_its_value():
+    problems = inference_service_problems(_service_values(inference_service_secrets="hunter2"))
+    assert problems == ["inference_service_secrets is (hidden): it must be a mapping of names to values."]
