@@ -22,8 +22,8 @@ from collections.abc import Mapping
 import yaml
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
 
 ARGUMENT_SPEC = {
@@ -79,16 +79,10 @@ def targeted(group_hosts, play_hosts) -> list:
     return [host for host in group_hosts or [] if host in play]
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp  # not used: nothing runs on a target
-        task_vars = task_vars or {}
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args, task_vars, result):
         group = args["group"]
         groups = task_vars.get("groups") or {}
         hosts = targeted(groups.get(group), task_vars.get("ansible_play_hosts_all"))

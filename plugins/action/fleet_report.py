@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import re
 import time
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import as_number
 
 ARGUMENT_SPEC = {
     "dest": {"type": "path", "required": True},
@@ -48,13 +50,10 @@ STEPS = ("nvml_before", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify"
 
 
 def _number(value, kind=int):
-    """A figure of a module result as a number; None when it is missing or not a number."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        return None
+    """A figure of a module result as a number of `kind`; None when it is missing, not a number
+    or not finite."""
+    number = as_number(value)
+    return kind(number) if number is not None and math.isfinite(number) else None
 
 
 def _ran(step) -> bool:
@@ -335,18 +334,13 @@ def check_args(args: dict) -> None:
         raise AnsibleActionFail("; ".join(problems))
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp  # not used: nothing runs on a target
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args, task_vars, result):
         check_args(args)
         stamp = args["stamp"] or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        hostvars = (task_vars or {}).get("hostvars") or {}
+        hostvars = task_vars.get("hostvars") or {}
         rows, merged = read_reports(args["merge"], args["kind"])
         # Nothing was stopped or removed: a verify run, or a reset in check mode.
         read_only = bool(self._task.check_mode) or args["kind"] == "verify"

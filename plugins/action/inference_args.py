@@ -13,9 +13,9 @@ controller's process, like fleet_report. The logic is in plugin_utils/_serve_com
 from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "engine": {"type": "str", "required": True, "choices": ["vllm", "sglang"]},
@@ -41,15 +41,10 @@ ARGUMENT_SPEC = {
 }
 
 
-class ActionModule(ActionBase):
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp  # not used: nothing runs on a target
-        dummy, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
+    def act(self, args, task_vars, result):
         secrets = args["secrets_set"]
         args["secrets_set"] = {
             "api_key": bool(secrets.get("api_key")), "hf_token": bool(secrets.get("hf_token")),

@@ -12,7 +12,6 @@ a module run. Here they cost a few milliseconds, and the rules read as code.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -60,21 +59,6 @@ REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean"
 UNIT_MISSING = "Could not find the requested service"
 
 
-def _to_json(value) -> str:
-    """The value as Ansible's to_json shows it (non-ASCII escaped)."""
-    return json.dumps(value, default=str)
-
-
-def _as_number(value):
-    """float(value), or None: a boolean, None, or anything float() refuses is no number."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _items(value) -> list:
     """A list variable as Ansible reads `-e name=a,b`: a string is split at commas."""
     if isinstance(value, str):
@@ -104,24 +88,24 @@ def path_problems(values: Mapping) -> list:
                or "\n" in item]
         if bad:
             problems.append("%s has %s: a path must be absolute (start with /), on one line." % (
-                name, ", ".join(map(_to_json, bad))))
+                name, ", ".join(map(_role_spec.shown, bad))))
     modules = values.get("node_reset_pycache_purge_modules")
     modules = _items(modules) if isinstance(modules, (str, list)) else []
     bad = [item for item in modules if not isinstance(item, str) or not MODULE_NAME.match(item)]
     if bad:
         problems.append("node_reset_pycache_purge_modules has %s: a module is a dotted Python name such as"
-                        " vllm or vllm.model_executor." % ", ".join(map(_to_json, bad)))
+                        " vllm or vllm.model_executor." % ", ".join(map(_role_spec.shown, bad)))
     patterns = values.get("node_reset_gpu_reset_cmdline_patterns")
     for pattern in patterns if isinstance(patterns, list) else []:
         try:
             re.compile(_text(pattern))
         except re.error as exc:
             problems.append("node_reset_gpu_reset_cmdline_patterns has %s: not a regular expression (%s)."
-                            % (_to_json(pattern), exc))
+                            % (_role_spec.shown(pattern), exc))
     for name in ("node_reset_shm_clean_patterns", "node_reset_gpu_reset_device_paths"):
         value = values.get(name)
         if isinstance(value, list) and any(not _text(item).strip() for item in value):
-            problems.append("%s is %s: an empty item would match nothing or everything." % (name, _to_json(value)))
+            problems.append("%s is %s: an empty item would match nothing or everything." % (name, _role_spec.shown(value)))
     return problems
 
 
@@ -135,7 +119,7 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
         bad = [item for item in map(_text, _items(values.get(name))) if not SELECTOR.match(item)]
         if bad:
             problems.append("%s has %s: a GPU is an index (a non-negative integer such as 0) or a UUID"
-                            " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_to_json, bad))))
+                            " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_role_spec.shown, bad))))
     checks = values.get("node_reset_nvml_verify_checks")
     checks = _items(checks) if checks or isinstance(checks, str) else []
     if not checks:
@@ -144,24 +128,24 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
     unknown = [check for check in checks if check not in CHECKS]
     if unknown:
         problems.append("node_reset_nvml_verify_checks has %s: the checks are %s."
-                        % (", ".join(map(_to_json, unknown)), ", ".join(CHECKS)))
+                        % (", ".join(map(_role_spec.shown, unknown)), ", ".join(CHECKS)))
     cgroup = values.get("node_reset_gpu_reset_cgroup")
     if cgroup is not None and not _text(cgroup).strip():
         problems.append("node_reset_gpu_reset_cgroup is %s: an empty cgroup text would match every process; leave"
-                        " it unset (null) for no cgroup limit." % _to_json(cgroup))
+                        " it unset (null) for no cgroup limit." % _role_spec.shown(cgroup))
     users = values.get("node_reset_gpu_reset_users")
     if users is not None:
         given = _items(users)
         if not given or any(not _text(user).strip() for user in given):
             problems.append("node_reset_gpu_reset_users is %s: an empty list or name would match no process; leave"
-                            " it unset (null) for any user." % _to_json(users))
+                            " it unset (null) for any user." % _role_spec.shown(users))
     host, vmid = values.get("node_reset_pve_host"), values.get("node_reset_pve_vmid")
     host = "" if host is None else _text(host)
-    if (len(host) > 0) != ((_as_number(vmid) or 0) != 0):
+    if (len(host) > 0) != ((_role_spec.as_number(vmid) or 0) != 0):
         problems.append("node_reset_pve_host (%s) and node_reset_pve_vmid (%s) must be given together."
-                        % (_to_json(host), _to_json(vmid)))
+                        % (_role_spec.shown(host), _role_spec.shown(vmid)))
     if host and not pve_host_known:
-        problems.append("node_reset_pve_host %s is not a host of the inventory." % _to_json(host))
+        problems.append("node_reset_pve_host %s is not a host of the inventory." % _role_spec.shown(host))
     return problems
 
 
@@ -282,7 +266,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     if failed_step not in (None, "validate", "unreachable"):
         error = str((failed_result or {}).get("msg", "failed"))
     now = time.time() if now is None else now
-    started = float(started) if _as_number(started) is not None and math.isfinite(float(started)) else now
+    started = float(started) if _role_spec.as_number(started) is not None and math.isfinite(float(started)) else now
     swept_clean = status == "swept-unreachable" and "survivors" in sweep and not sweep["survivors"]
     return {
         "host": host,
