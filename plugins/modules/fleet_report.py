@@ -109,7 +109,7 @@ options:
     type: list
     elements: path
     default: []
-    version_added: 0.2.0
+    version_added: 0.1.0
   not_run:
     description:
       - Why a host of O(hosts) without C(node_reset_result) was not run, for its row (for example that the rollout
@@ -201,7 +201,7 @@ merged_from:
   type: list
   elements: str
   sample: [/srv/reports/slice1/reset-20261129T101500Z.json, /srv/reports/slice2/reset-20261129T101502Z.json]
-  version_added: 0.2.0
+  version_added: 0.1.0
 markdown:
   description: The Markdown report, one list item per line.
   returned: always

@@ -115,7 +115,7 @@ options:
         about 25 CPU seconds with O(compare_code=always).
     type: float
     default: 600
-    version_added: 0.2.0
+    version_added: 0.1.0
 notes:
   - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
   - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task

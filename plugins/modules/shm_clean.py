@@ -125,7 +125,7 @@ elapsed_s:
   returned: success
   type: float
   sample: 0.02
-  version_added: 0.2.0
+  version_added: 0.1.0
 removed:
   description:
     - The entries removed; in check mode, the entries that would be removed.
