@@ -238,6 +238,9 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
     if failed_step in HOST_CHECKS and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
+    if invalid and not failed_step:
+        # The role refused its variables and ran no step (no task fails for that).
+        failed_step = "validate"
     if failed_step == "validate":
         # Nothing ran: whatever the registers hold is from an earlier run of the role.
         steps = {}

@@ -180,7 +180,7 @@ def test_every_step_a_host_can_fail_at_has_a_runbook_line():
     steps = set()
     for tasks in (REPO / "roles" / "node_reset" / "tasks").glob("*.yml"):
         steps.update(re.findall(r"^\s*__node_reset_step:\s*(\w+)\s*$", tasks.read_text(), re.M))
-    assert {"gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "validate"} <= steps, steps
+    assert {"gpu_reset", "shm_clean", "pycache_purge", "nvml_verify"} <= steps, steps
     text = RUNBOOK.read_text()
     missing = sorted(step for step in steps if "`failed at %s`" % step not in text)
     assert not missing, "docs/troubleshooting.md has no `failed at <step>` line for %s" % missing
