@@ -15,16 +15,14 @@ checked here, in Python, once: a task per host would cost the controller a worke
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from collections.abc import Mapping
-
-import yaml
 
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_specs
 
 ARGUMENT_SPEC = {
     "group": {"type": "str", "default": "gpu_nodes"},
@@ -34,16 +32,13 @@ ROLES = ("node_reset", "inference_service")
 # What the roles set for the user to read (facts), not variables to give; they are no misspelling.
 PUBLISHED = ("node_reset_result", "inference_service_result", "inference_service_assessment",
              "inference_service_report_row")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def known_variables(root: str = ROOT) -> list:
+def known_variables() -> list:
     """Every variable of every entry point of ROLES (their meta/argument_specs.yml), and PUBLISHED."""
     names = set(PUBLISHED)
     for role in ROLES:
-        with open(os.path.join(root, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
-            specs = yaml.safe_load(handle)["argument_specs"]
-        for entry in specs.values():
+        for entry in load_specs(role).values():
             names.update((entry or {}).get("options") or {})
     return sorted(names)
 

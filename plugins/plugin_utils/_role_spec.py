@@ -28,10 +28,15 @@ TYPE_WORDS = {"str": "a text", "path": "a path", "bool": "true or false", "int":
 HIDDEN = "(hidden)"
 
 
-def load_spec(role: str, entry: str = "main") -> dict:
-    """The options of a role's entry point, from the collection's roles/ROLE/meta/argument_specs.yml."""
+def load_specs(role: str) -> dict:
+    """Every entry point of a role, from the collection's roles/ROLE/meta/argument_specs.yml."""
     with open(os.path.join(ROOT, "roles", role, "meta", "argument_specs.yml"), encoding="utf-8") as handle:
-        return yaml.safe_load(handle)["argument_specs"][entry]["options"]
+        return yaml.safe_load(handle)["argument_specs"]
+
+
+def load_spec(role: str, entry: str = "main") -> dict:
+    """The options of a role's entry point."""
+    return load_specs(role)[entry]["options"]
 
 
 def shown(value) -> str:
