@@ -53,8 +53,10 @@ class ActionModule(ActionBase):
                 return result
             steps[name] = answer
             result["changed"] = result["changed"] or bool(answer.get("changed"))
+            # A task of its own would print these: lift them to the task, where the callback looks.
             for key in ("warnings", "deprecations"):
-                result.setdefault(key, []).extend(answer.get(key) or [])
+                if answer.get(key):
+                    result.setdefault(key, []).extend(answer[key])
             if answer.get("diff"):
                 diffs.append(answer["diff"])
             if answer.get("failed"):

@@ -39,12 +39,6 @@ ZERO_ALLOWED = ("node_reset_pve_vmid",)
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
-# The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
-# types and choices are checked here, one sentence per variable, instead of by ansible-core's
-# validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
-SPEC = _role_spec.load_spec("node_reset")
-# The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all.
-VARIABLES = tuple(SPEC)
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 # Python's own rule for a module name: dotted identifiers.
@@ -57,6 +51,19 @@ HOST_CHECKS = ("pycache_check", "nvml_before")
 REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
+
+
+def spec() -> dict:
+    """The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
+    types and choices are checked here, one sentence per variable, instead of by ansible-core's
+    validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
+    Read on first use: node_reset_result, which every host runs too, needs none of it."""
+    return _role_spec.load_spec("node_reset")
+
+
+def variables() -> tuple:
+    """The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all."""
+    return tuple(spec())
 
 
 def _items(value) -> list:
@@ -75,7 +82,7 @@ def _text(value) -> str:
 
 def spec_problems(values: Mapping) -> list:
     """Types, choices and list items of the argument spec (the numbers are left to their rule)."""
-    return _role_spec.spec_problems(SPEC, values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
+    return _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
 
 
 def path_problems(values: Mapping) -> list:
@@ -152,7 +159,7 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
 def node_reset_problems(values, pve_host_known=True):
     """Why the role's variables cannot be used: one sentence per bad variable, [] when none.
 
-    `values` maps each name of VARIABLES to its value; `pve_host_known` says whether
+    `values` maps each name of variables() to its value; `pve_host_known` says whether
     node_reset_pve_host names a host of the inventory."""
     if not isinstance(values, Mapping):
         raise TypeError("node_reset_problems expects a mapping of the role's variables, got %s"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
-from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (VARIABLES, node_reset_problems,
-                                                                          node_reset_result)
+from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (node_reset_problems, node_reset_result,
+                                                                          variables)
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "node_reset"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
@@ -18,14 +18,14 @@ ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 
 
 def values(**changed):
-    base = {name: DEFAULTS[name] for name in VARIABLES}
+    base = {name: DEFAULTS[name] for name in variables()}
     base.update(changed)
     return base
 
 
 def test_the_role_passes_every_variable_the_checks_read_and_only_those():
     checked = ROLE_VARS["__node_reset_checked"]
-    assert sorted(checked) == sorted(VARIABLES)
+    assert sorted(checked) == sorted(variables())
     assert all(text == "{{ %s }}" % name for name, text in checked.items())
 
 
