@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The reset's module steps in one task: gpu_reset, shm_clean, pycache_purge, nvml_verify.
+"""The reset's module steps in one task: pycache_purge, gpu_reset, shm_clean, nvml_verify.
 
 Each step is its module, run on the host as a task of its own would run it (the same
 arguments, environment, check and diff mode). What one task saves, per host, is the rest of a
@@ -22,8 +22,13 @@ from __future__ import annotations
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
-# The order of the design (docs/design.md, section 2): nothing is removed while its holders live.
-STEPS = ("gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
+# The order of the design (docs/design.md, section 2). The bytecode first: it is the one step whose
+# inputs only the host can refuse (a module that does not resolve, a path that is not there), and
+# it needs no process stopped (an interpreter that imported a module never reads its .pyc again,
+# and one that imports it later compiles the source as it is now), so a refusal comes before any
+# signal. Then no segment is removed while its holders live, and
+# the GPUs are read last.
+STEPS = ("pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
 ARGUMENT_SPEC = {name: {"type": "dict"} for name in STEPS}

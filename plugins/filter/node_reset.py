@@ -44,11 +44,12 @@ ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 # Python's own rule for a module name: dotted identifiers.
 MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
-STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
-# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is `invalid`.
+STEP_NAMES = ("nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify", "pve_sweep")
+# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is
+# `invalid`, as is a refusal by pycache_purge when it runs first (_refused_first).
 HOST_CHECKS = ("pycache_check", "nvml_before")
 # The steps whose "the host did not answer" counts, in the order they run.
-REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
+REACHING = ("pve_reach", "deps", "nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
 
@@ -199,6 +200,15 @@ def unit_result(stop: Mapping, unit: str) -> dict:
             "note": ("unit %s does not exist: skipped" % unit) if missing else ""}
 
 
+def _refused_first(failed_step, steps) -> bool:
+    """pycache_purge is the first module step (cleanslate.gpu.reset_steps): when it fails before
+    removing anything (its inputs, its probe: a failed removal returns `errors`) and no unit was
+    stopped before it, nothing was touched, as when a check on the host refuses it."""
+    if failed_step != "pycache_purge" or not isinstance(steps, Mapping):
+        return False
+    return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
+
+
 def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
     if failed_step == "validate":
         return "invalid"
@@ -243,7 +253,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     # A check on the host that refused an input (its module answered) refuses the host as a bad
     # variable does; a module that could not run at all (no interpreter) is a failure of that step.
     # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
-    if failed_step in HOST_CHECKS and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
+    if (failed_step in HOST_CHECKS or _refused_first(failed_step, steps)) \
+            and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
     if invalid and not failed_step:
         # The role refused its variables and ran no step (no task fails for that).
