@@ -55,7 +55,7 @@ def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path)
     manifest = crashed_node
     proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest))
     assert "failed" not in result or not result["failed"], result.get("msg")
-    assert list(result["steps"]) == ["gpu_reset", "shm_clean", "pycache_purge", "nvml_verify"]
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean", "nvml_verify"]
     assert result["changed"] is True
     assert not any(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
     assert all(procinfo.alive(pid) for pid in _pids(manifest, "bystander", "persistenced"))
@@ -65,19 +65,18 @@ def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path)
     # Each step's own result, as the module returns it.
     assert {entry["pid"] for entry in result["steps"]["gpu_reset"]["killed"]} >= set(_pids(manifest, "worker"))
     assert result["steps"]["shm_clean"]["bytes_freed"] > 0
-    assert "changed=1" in proc.stdout.split("PLAY RECAP")[-1]
 
 
 def test_a_failing_step_stops_the_steps_after_it_and_says_why(crashed_node, tmp_path):
-    """A refused shm_clean path: gpu_reset (before it) ran; pycache_purge and nvml_verify (after
-    it) did not: the stale bytecode is still there."""
+    """A refused shm_clean path: pycache_purge and gpu_reset (before it) ran; nvml_verify (after
+    it) did not, and no shared memory was removed."""
     manifest = crashed_node
     proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, shm_clean={"path": "relative/shm"}))
     assert result["failed"] is True and result["failed_step"] == "shm_clean"
     assert "relative/shm" in result["msg"] and "absolute" in result["msg"], result["msg"]
-    assert list(result["steps"]) == ["gpu_reset", "shm_clean"]
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean"]
     assert not any(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
-    assert Path(manifest["site_packages"]["pyc"]).exists()
+    assert not Path(manifest["site_packages"]["pyc"]).exists()
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     # Ansible prints the module's own message, as for a task of its own.
     assert "relative/shm" in proc.stdout
@@ -85,22 +84,37 @@ def test_a_failing_step_stops_the_steps_after_it_and_says_why(crashed_node, tmp_
 
 def test_check_mode_lists_what_each_step_would_do_and_changes_nothing(crashed_node, tmp_path):
     manifest = crashed_node
-    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, nvml_verify={"timeout": 0}),
-                        "--check", "--diff")
+    proc, result = _run(tmp_path, manifest["nvml"]["env"],
+                        _steps(manifest, nvml_verify={"timeout": 0, "checks": ["count"]}), "--check", "--diff")
     every_pid = _pids(manifest, "api_server", "worker", "bystander", "persistenced")
     assert all(procinfo.alive(pid) for pid in every_pid)
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     assert Path(manifest["site_packages"]["pyc"]).exists()
-    # What a reset would do, each step in check mode; the GPUs are still in use, so the last
-    # step fails, and it is the one named.
+    # What a reset would do, each step in check mode.
+    assert "failed" not in result or not result["failed"], result.get("msg")
     assert result["changed"] is True
-    assert set(_pids(manifest, "worker")) <= {entry["pid"] for entry in result["steps"]["gpu_reset"]["killed"]}
+    assert set(_pids(manifest, "worker")) <= {entry["pid"] for entry in result["steps"]["gpu_reset"]["targets"]}
+    assert result["steps"]["gpu_reset"]["killed"] == []
     assert {entry["path"] for entry in result["steps"]["shm_clean"]["removed"]} >= set(manifest["shm"]["leftovers"])
-    assert result["failed_step"] == "nvml_verify" and result["steps"]["nvml_verify"]["ok"] is False
-    # --diff: each step's diff, in order: the shm directory's names before and after among them.
-    assert isinstance(result["diff"], list) and len(result["diff"]) >= 2
+    assert result["steps"]["pycache_purge"]["removed"], result["steps"]["pycache_purge"]
+    # --diff: each step's diff, in order, printed as a task of its own prints it: the bytecode
+    # first, then the processes, then the shm directory's names.
+    assert isinstance(result["diff"], list) and len(result["diff"]) == 3, result["diff"]
     leftover = Path(manifest["shm"]["leftovers"][0]).name
-    assert any(line.startswith("-") and leftover in line for line in proc.stdout.splitlines()), proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("-") and leftover in line for line in lines), proc.stdout[-3000:]
+    worker = "%d " % _pids(manifest, "worker")[0]
+    assert any(line.startswith("-" + worker) for line in lines), proc.stdout[-3000:]
+
+
+def test_a_dirty_gpu_fails_the_last_step_with_every_result_kept(crashed_node, tmp_path):
+    """In check mode nothing was stopped, so NVML still shows the memory: nvml_verify fails, and
+    the task with it, naming it; the results of the steps before it are there."""
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, nvml_verify={"timeout": 0}), "--check")
+    assert result["failed"] is True and result["failed_step"] == "nvml_verify"
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean", "nvml_verify"]
+    assert result["steps"]["nvml_verify"]["ok"] is False and "MiB" in result["msg"], result["msg"]
 
 
 def test_only_the_steps_given_run(crashed_node, tmp_path):
@@ -125,3 +139,16 @@ def test_no_step_or_a_step_that_is_not_a_mapping_is_refused_before_anything_runs
     proc, result = _run(tmp_path, env, {"gpu_reset": {"device_paths": manifest["device_paths"]}, "unit": "vllm"})
     assert result["failed"] is True and "unit" in result["msg"], result["msg"]
     assert all(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
+
+
+def test_a_bytecode_target_the_host_refuses_stops_everything_before_any_signal(crashed_node, tmp_path):
+    """pycache_purge runs first: a module name that does not resolve on the host fails it before
+    gpu_reset could signal anything, and before any segment is removed."""
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, pycache_purge={
+        "modules": ["vllm.no_such_module"], "python": manifest["python"]}))
+    assert result["failed"] is True and result["failed_step"] == "pycache_purge", result.get("msg")
+    assert "vllm.no_such_module" in result["msg"], result["msg"]
+    assert list(result["steps"]) == ["pycache_purge"]
+    assert all(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
