@@ -9,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: reset_steps
 short_description: Run gpu_reset, shm_clean, pycache_purge and nvml_verify on a host in one task
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Runs, in this order, each of M(cleanslate.gpu.gpu_reset), M(cleanslate.gpu.shm_clean),
     M(cleanslate.gpu.pycache_purge) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
