@@ -8,14 +8,16 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: reset_steps
-short_description: Run gpu_reset, shm_clean, pycache_purge and nvml_verify on a host in one task
+short_description: Run pycache_purge, gpu_reset, shm_clean and nvml_verify on a host in one task
 version_added: 0.2.0
 description:
-  - Runs, in this order, each of M(cleanslate.gpu.gpu_reset), M(cleanslate.gpu.shm_clean),
-    M(cleanslate.gpu.pycache_purge) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
+  - Runs, in this order, each of M(cleanslate.gpu.pycache_purge), M(cleanslate.gpu.gpu_reset),
+    M(cleanslate.gpu.shm_clean) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
     dictionary as the module's arguments. Each module runs on the host exactly as a task of its own would run it,
     with the task's environment, check mode and diff mode, and checks its own arguments.
-  - The order is the reset's, so that nothing is removed while its holders live and the GPUs are read last.
+  - The order is the reset's. The bytecode first, because it is the one step whose inputs only the host can refuse
+    (a module that does not resolve, a path that is not there) and it needs no process stopped, so that a refusal
+    comes before any signal. Then no segment is removed while its holders live, and the GPUs are read last.
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
     RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
     results of the steps done so far.
@@ -43,14 +45,14 @@ attributes:
   platform:
     platforms: posix
 options:
+  pycache_purge:
+    description: The arguments of M(cleanslate.gpu.pycache_purge). Omitted, the step is not run.
+    type: dict
   gpu_reset:
     description: The arguments of M(cleanslate.gpu.gpu_reset). Omitted, the step is not run.
     type: dict
   shm_clean:
     description: The arguments of M(cleanslate.gpu.shm_clean). Omitted, the step is not run.
-    type: dict
-  pycache_purge:
-    description: The arguments of M(cleanslate.gpu.pycache_purge). Omitted, the step is not run.
     type: dict
   nvml_verify:
     description: The arguments of M(cleanslate.gpu.nvml_verify). Omitted, the step is not run.
@@ -58,21 +60,23 @@ options:
 notes:
   - At least one option must be given.
 seealso:
-  - role: cleanslate.gpu.node_reset
-    description: The role that runs these steps, with what comes before them (a unit stop) and after them (the result).
+  - module: cleanslate.gpu.pycache_purge
+  - module: cleanslate.gpu.gpu_reset
+  - module: cleanslate.gpu.shm_clean
+  - module: cleanslate.gpu.nvml_verify
 """
 
 EXAMPLES = r"""
-- name: Stop the GPU holders, remove the leftovers of the dead server, purge a patched module's bytecode, check
+- name: Purge a patched module's bytecode, stop the GPU holders, remove the dead server's leftovers, check
   cleanslate.gpu.reset_steps:
+    pycache_purge:
+      modules: [vllm.model_executor.layers.sampler]
+      python: /opt/vllm/bin/python
     gpu_reset:
       cmdline_patterns: ['vllm\.entrypoints']
       grace_period: 30
     shm_clean:
       path: /dev/shm
-    pycache_purge:
-      modules: [vllm.model_executor.layers.sampler]
-      python: /opt/vllm/bin/python
     nvml_verify:
       timeout: 60
   register: reset
@@ -86,7 +90,7 @@ RETURN = r"""
 steps:
   description:
     - The result of every step that ran, by its module's name, as the module returned it (see each module's return
-      values). A step that found the host gone is C({unreachable: true, msg}).
+      values). A step that found the host gone holds C(unreachable) (true) and C(msg).
   returned: always
   type: dict
   sample:
