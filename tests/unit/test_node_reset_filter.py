@@ -211,6 +211,25 @@ def test_the_unit_found_and_stopped_or_missing():
     assert not missing["changed"]
 
 
+def test_a_refusal_of_pycache_purge_run_first_is_invalid_and_a_failed_removal_is_a_failure():
+    """pycache_purge is the first module step: failing before it removed anything (no `errors`),
+    with no unit stopped before it, nothing was touched: `invalid`, as a host check's refusal."""
+    refused = {"failed": True, "msg": "module 'vlm' not found", "_ansible_parsed": True}
+    result = node_reset_result(steps(pycache_purge=refused), "n", failed_step="pycache_purge", failed_result=refused)
+    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    removal = {"failed": True, "msg": "could not remove 1 stale bytecode file(s): /x.pyc: Permission denied",
+               "removed": [], "errors": [{"path": "/x.pyc", "error": "Permission denied"}]}
+    result = node_reset_result(steps(pycache_purge=removal), "n", failed_step="pycache_purge", failed_result=removal)
+    assert result["status"] == "failed at pycache_purge" and "Permission denied" in result["error"], result
+    stopped = {"changed": True, "status": {"ActiveState": "active"}}
+    result = node_reset_result(steps(unit=stopped, pycache_purge=refused), "n", unit="vllm.service",
+                               failed_step="pycache_purge", failed_result=refused)
+    assert result["status"] == "failed at pycache_purge", result
+    crashed = {"failed": True, "msg": "MODULE FAILURE", "module_stderr": "Traceback"}
+    result = node_reset_result(steps(pycache_purge=crashed), "n", failed_step="pycache_purge", failed_result=crashed)
+    assert result["status"] == "failed at pycache_purge", result
+
+
 def test_a_start_time_that_is_no_number_gives_zero_seconds():
     assert node_reset_result(steps(), "n", started="soon", now=5.0)["seconds_total"] == 0.0
     assert node_reset_result(steps(), "n", started=math.nan, now=5.0)["seconds_total"] == 0.0
