@@ -230,6 +230,19 @@ def test_a_refusal_of_pycache_purge_run_first_is_invalid_and_a_failed_removal_is
     assert result["status"] == "failed at pycache_purge", result
 
 
+def test_a_failed_sweep_from_the_proxmox_node_is_the_failed_step():
+    """The sweep runs in the role's rescue with its failure ignored (a failure there would end the
+    host without its result): the result says it failed there, with its message."""
+    sweep = {"failed": True, "msg": "1 target(s) not stopped:\n4242 python3", "killed": [], "survivors": [{"pid": 4242}]}
+    dirty = {"ok": False, "gpus": [], "problems": ["GPU 0: 80000 MiB used"], "msg": "GPU 0: 80000 MiB used"}
+    result = node_reset_result(steps(pve_sweep=sweep, nvml_verify=dirty), "ct", failed_step=None)
+    assert result["status"] == "failed at pve_sweep" and result["failed_step"] == "pve_sweep", result
+    assert "not stopped" in result["error"] and not result["ok"]
+    swept = {"changed": True, "killed": [{"pid": 4242}], "survivors": []}
+    result = node_reset_result(steps(pve_sweep=swept), "ct", failed_step=None)
+    assert result["status"] == "ok" and len(result["killed"]) == 3, result
+
+
 def test_a_start_time_that_is_no_number_gives_zero_seconds():
     assert node_reset_result(steps(), "n", started="soon", now=5.0)["seconds_total"] == 0.0
     assert node_reset_result(steps(), "n", started=math.nan, now=5.0)["seconds_total"] == 0.0
