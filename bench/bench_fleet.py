@@ -279,8 +279,10 @@ def figures(runs: dict, hosts: int, forks: int) -> dict:
         {"measure": f"{hosts} crashed: controller CPU per host", "ours_s": cpu["crashed"],
          "baseline": "shell ritual over ssh", "baseline_s": cpu["ritual"], "ratio": None,
          "target": "<= 0.4 s", "met": cpu["crashed"] <= TARGET["cpu_per_host_s"]},
+        # The issue's own measure ("each extra crashed host costs about 1.2 s"): what a large fleet pays
+        # per host. The line above also spreads the run's fixed cost over the hosts measured.
         {"measure": "crashed: controller CPU per extra host", "ours_s": round(slope, 3), "baseline": None,
-         "baseline_s": None, "ratio": None, "target": None, "met": None},
+         "baseline_s": None, "ratio": None, "target": "<= 0.4 s", "met": slope <= TARGET["cpu_per_host_s"]},
         {"measure": f"{hosts} crashed: hosts' CPU per host", "ours_s": round(crashed["hosts_cpu_s"] / hosts, 3),
          "baseline": "shell ritual over ssh", "baseline_s": round(manual["hosts_cpu_s"] / hosts, 3), "ratio": None,
          "target": None, "met": None},

@@ -15,8 +15,6 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 
-SPEC = _role_spec.load_spec("inference_service")
-VARIABLES = tuple(SPEC)
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
 NUMBERS = (
     ("inference_service_ready_timeout", 0, None, 604800, "a whole number of seconds from 0 to 604800 (a week)"),
@@ -31,13 +29,19 @@ NUMBERS = (
 )
 
 
+def spec() -> dict:
+    """The role's argument spec, read on first use: Ansible imports every filter file of the
+    collection in a worker that needs one of them, and the node_reset role's workers need none of this."""
+    return _role_spec.load_spec("inference_service")
+
+
 def inference_service_problems(values):
     """Why the role's variables cannot be used: one sentence per bad variable, [] when none."""
     if not isinstance(values, Mapping):
         raise TypeError("inference_service_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
     return (_role_spec.number_problems(NUMBERS, values)
-            + _role_spec.spec_problems(SPEC, values, skip=tuple(rule[0] for rule in NUMBERS)))
+            + _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS)))
 
 
 class FilterModule:

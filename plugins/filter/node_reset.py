@@ -39,24 +39,32 @@ ZERO_ALLOWED = ("node_reset_pve_vmid",)
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
-# The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
-# types and choices are checked here, one sentence per variable, instead of by ansible-core's
-# validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
-SPEC = _role_spec.load_spec("node_reset")
-# The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all.
-VARIABLES = tuple(SPEC)
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 # Python's own rule for a module name: dotted identifiers.
 MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
-STEP_NAMES = ("nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
-# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is `invalid`.
+STEP_NAMES = ("nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify", "pve_sweep")
+# The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is
+# `invalid`, as is a refusal by pycache_purge when it runs first (_refused_first).
 HOST_CHECKS = ("pycache_check", "nvml_before")
 # The steps whose "the host did not answer" counts, in the order they run.
-REACHING = ("pve_reach", "deps", "nvml_before", "unit", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify")
+REACHING = ("pve_reach", "deps", "nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
+
+
+def spec() -> dict:
+    """The role's argument spec (meta/argument_specs.yml, the entry points share their options): the
+    types and choices are checked here, one sentence per variable, instead of by ansible-core's
+    validation task, whose failure prints the whole spec (some 6 KB) after the one line that matters.
+    Read on first use: node_reset_result, which every host runs too, needs none of it."""
+    return _role_spec.load_spec("node_reset")
+
+
+def variables() -> tuple:
+    """The variables node_reset_problems reads, for the role to pass (tests compare the two lists): all."""
+    return tuple(spec())
 
 
 def _items(value) -> list:
@@ -75,7 +83,7 @@ def _text(value) -> str:
 
 def spec_problems(values: Mapping) -> list:
     """Types, choices and list items of the argument spec (the numbers are left to their rule)."""
-    return _role_spec.spec_problems(SPEC, values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
+    return _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS) + SELECTORS)
 
 
 def path_problems(values: Mapping) -> list:
@@ -152,7 +160,7 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
 def node_reset_problems(values, pve_host_known=True):
     """Why the role's variables cannot be used: one sentence per bad variable, [] when none.
 
-    `values` maps each name of VARIABLES to its value; `pve_host_known` says whether
+    `values` maps each name of variables() to its value; `pve_host_known` says whether
     node_reset_pve_host names a host of the inventory."""
     if not isinstance(values, Mapping):
         raise TypeError("node_reset_problems expects a mapping of the role's variables, got %s"
@@ -190,6 +198,15 @@ def unit_result(stop: Mapping, unit: str) -> dict:
     return {"name": unit, "found": not missing and not stop.get("unreachable"),
             "was": status.get("ActiveState", "inactive"), "stopped": bool(stop.get("changed")),
             "note": ("unit %s does not exist: skipped" % unit) if missing else ""}
+
+
+def _refused_first(failed_step, steps) -> bool:
+    """pycache_purge is the first module step (cleanslate.gpu.reset_steps): when it fails before
+    removing anything (its inputs, its probe: a failed removal returns `errors`) and no unit was
+    stopped before it, nothing was touched, as when a check on the host refuses it."""
+    if failed_step != "pycache_purge" or not isinstance(steps, Mapping):
+        return False
+    return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
 
 
 def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
@@ -236,8 +253,13 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     # A check on the host that refused an input (its module answered) refuses the host as a bad
     # variable does; a module that could not run at all (no interpreter) is a failure of that step.
     # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
-    if failed_step in HOST_CHECKS and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
+    if (failed_step in HOST_CHECKS or _refused_first(failed_step, steps)) \
+            and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
+    # The sweep from the Proxmox node runs with its failure ignored (a failure there, in the role's
+    # rescue, would end the host without its result): a failed sweep is the failed step.
+    if not failed_step and _step(steps, "pve_sweep").get("failed"):
+        failed_step, failed_result = "pve_sweep", _step(steps, "pve_sweep")
     if invalid and not failed_step:
         # The role refused its variables and ran no step (no task fails for that).
         failed_step = "validate"

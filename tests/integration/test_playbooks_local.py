@@ -86,10 +86,9 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
         report = sorted((tmp_path / "reports").glob(f"{name}-*.json"))[-1]
         rows = {row["host"]: row for row in json.loads(report.read_text())["hosts"]}
         assert rows["dead-node"]["status"] == "unreachable", rows["dead-node"]
-        # Its first module run: in a reset, the check of the bytecode targets (node_reset_vars gives
-        # paths), before anything is stopped; in verify, gpu_reset's listing.
-        first = "gpu_reset" if name == "verify" else "pycache_check"
-        assert rows["broken-node"]["status"] == "failed at " + first, rows["broken-node"]
+        # Its first module run, in both: pycache_purge, the first of the module steps (node_reset_vars
+        # gives bytecode paths), before anything is stopped.
+        assert rows["broken-node"]["status"] == "failed at pycache_purge", rows["broken-node"]
         assert any("/nonexistent/python3" in problem for problem in rows["broken-node"]["problems"])
     assert rows["dead-ct"]["status"] == "swept-unreachable", rows["dead-ct"]
 

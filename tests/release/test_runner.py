@@ -56,13 +56,13 @@ def test_a_failing_host_fails_the_job_and_the_report_is_still_written(release_ta
     job = run_job(pdd, "playbooks/reset.yml", worker, "reset")
     assert (job.status, job.rc) == ("failed", 2), job.stdout[-3000:]
     rows = {row["host"]: row for row in job.fleet_report()["rows"]}
-    # broken-node's first module run is the check of the bytecode targets, before anything is stopped.
+    # broken-node's first module run is pycache_purge, the first of the module steps, before anything is stopped.
     assert rows["simulated-node"]["status"] == "ok", rows
-    assert rows["broken-node"]["status"] == "failed at pycache_check", rows
+    assert rows["broken-node"]["status"] == "failed at pycache_purge", rows
     assert len(list(reports.glob("reset-*.json"))) == 1 and len(list(reports.glob("reset-*.md"))) == 1
     failed = [event["event_data"] for event in job.events if event["event"] == "runner_on_failed"
               and not event["event_data"].get("ignore_errors")]
     # The first module's failure (rescued by the role), then the verdict after the report.
     assert {data["host"] for data in failed} == {"broken-node"}, failed
     assert failed[-1]["task"] == "Fail the hosts that are not ok"
-    assert "broken-node is failed at pycache_check" in failed[-1]["res"]["msg"]
+    assert "broken-node is failed at pycache_purge" in failed[-1]["res"]["msg"]

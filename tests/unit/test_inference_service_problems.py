@@ -5,13 +5,13 @@ from pathlib import Path
 
 import yaml
 
-from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import SPEC, inference_service_problems
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import inference_service_problems, spec
 
 
 def _service_values(**changes):
     defaults = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "inference_service" / "defaults"
                                / "main.yml").read_text())
-    values = {name: defaults[name] for name in SPEC}
+    values = {name: defaults[name] for name in spec()}
     values.update(changes)
     return values
 

@@ -3,14 +3,15 @@ the role and the fleet report use them. The playbook tests run the same filters 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
-from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (VARIABLES, node_reset_problems,
-                                                                          node_reset_result)
+from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (node_reset_problems, node_reset_result,
+                                                                          variables)
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "node_reset"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
@@ -18,15 +19,17 @@ ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 
 
 def values(**changed):
-    base = {name: DEFAULTS[name] for name in VARIABLES}
+    base = {name: DEFAULTS[name] for name in variables()}
     base.update(changed)
     return base
 
 
 def test_the_role_passes_every_variable_the_checks_read_and_only_those():
-    checked = ROLE_VARS["__node_reset_checked"]
-    assert sorted(checked) == sorted(VARIABLES)
-    assert all(text == "{{ %s }}" % name for name, text in checked.items())
+    # One template: a mapping of each name to the variable of that name.
+    pairs = re.findall(r"'(\w+)': (\w+),?\s", ROLE_VARS["__node_reset_checked"])
+    assert sorted(name for name, dummy in pairs) == sorted(variables())
+    assert all(name == value for name, value in pairs)
+    assert len(pairs) == ROLE_VARS["__node_reset_checked"].count(":")
 
 
 def test_the_defaults_pass():
@@ -206,6 +209,38 @@ def test_the_unit_found_and_stopped_or_missing():
     assert missing["unit"] == {"name": "vllm.service", "found": False, "was": "inactive", "stopped": False,
                                "note": "unit vllm.service does not exist: skipped"}
     assert not missing["changed"]
+
+
+def test_a_refusal_of_pycache_purge_run_first_is_invalid_and_a_failed_removal_is_a_failure():
+    """pycache_purge is the first module step: failing before it removed anything (no `errors`),
+    with no unit stopped before it, nothing was touched: `invalid`, as a host check's refusal."""
+    refused = {"failed": True, "msg": "module 'vlm' not found", "_ansible_parsed": True}
+    result = node_reset_result(steps(pycache_purge=refused), "n", failed_step="pycache_purge", failed_result=refused)
+    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    removal = {"failed": True, "msg": "could not remove 1 stale bytecode file(s): /x.pyc: Permission denied",
+               "removed": [], "errors": [{"path": "/x.pyc", "error": "Permission denied"}]}
+    result = node_reset_result(steps(pycache_purge=removal), "n", failed_step="pycache_purge", failed_result=removal)
+    assert result["status"] == "failed at pycache_purge" and "Permission denied" in result["error"], result
+    stopped = {"changed": True, "status": {"ActiveState": "active"}}
+    result = node_reset_result(steps(unit=stopped, pycache_purge=refused), "n", unit="vllm.service",
+                               failed_step="pycache_purge", failed_result=refused)
+    assert result["status"] == "failed at pycache_purge", result
+    crashed = {"failed": True, "msg": "MODULE FAILURE", "module_stderr": "Traceback"}
+    result = node_reset_result(steps(pycache_purge=crashed), "n", failed_step="pycache_purge", failed_result=crashed)
+    assert result["status"] == "failed at pycache_purge", result
+
+
+def test_a_failed_sweep_from_the_proxmox_node_is_the_failed_step():
+    """The sweep runs in the role's rescue with its failure ignored (a failure there would end the
+    host without its result): the result says it failed there, with its message."""
+    sweep = {"failed": True, "msg": "1 target(s) not stopped:\n4242 python3", "killed": [], "survivors": [{"pid": 4242}]}
+    dirty = {"ok": False, "gpus": [], "problems": ["GPU 0: 80000 MiB used"], "msg": "GPU 0: 80000 MiB used"}
+    result = node_reset_result(steps(pve_sweep=sweep, nvml_verify=dirty), "ct", failed_step=None)
+    assert result["status"] == "failed at pve_sweep" and result["failed_step"] == "pve_sweep", result
+    assert "not stopped" in result["error"] and not result["ok"]
+    swept = {"changed": True, "killed": [{"pid": 4242}], "survivors": []}
+    result = node_reset_result(steps(pve_sweep=swept), "ct", failed_step=None)
+    assert result["status"] == "ok" and len(result["killed"]) == 3, result
 
 
 def test_a_start_time_that_is_no_number_gives_zero_seconds():

@@ -60,11 +60,11 @@ def test_the_roles_own_names_start_with_two_underscores():
            or name.startswith("__") and not name.startswith("__node_reset_")]
     assert bad == []
     # The check sees the role's internals at all.
-    assert ("main.yml", "__node_reset_gpu_reset") in set(_defined_names())
+    assert ("steps.yml", "__node_reset_steps") in set(_defined_names())
 
 
 def test_every_node_reset_name_used_is_declared_or_the_result():
     used = {(path.name, name) for path in FILES for text in _strings(yaml.safe_load(path.read_text()))
             for name in USED.findall(text)}
     assert {(path, name) for path, name in used if name not in PUBLIC} == set()
-    assert ("main.yml", "node_reset_gpu_reset_grace_period") in used
+    assert ("steps.yml", "node_reset_gpu_reset_grace_period") in used

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.cleanslate.gpu.plugins.action.reset_steps import STEPS as RESET_STEPS
+
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "docs" / "troubleshooting.md"
 SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "plugins/filter/node_reset.py",
@@ -176,8 +178,9 @@ def test_every_status_has_a_runbook_line():
 
 
 def test_every_step_a_host_can_fail_at_has_a_runbook_line():
-    """The steps are the role's own names: each task's __node_reset_step."""
-    steps = set()
+    """The steps are the role's own names: each task's __node_reset_step, and the module steps
+    that cleanslate.gpu.reset_steps runs in one task and names when one fails."""
+    steps = set(RESET_STEPS)
     for tasks in (REPO / "roles" / "node_reset" / "tasks").glob("*.yml"):
         steps.update(re.findall(r"^\s*__node_reset_step:\s*(\w+)\s*$", tasks.read_text(), re.M))
     assert {"gpu_reset", "shm_clean", "pycache_purge", "nvml_verify"} <= steps, steps

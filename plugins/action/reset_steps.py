@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The reset's module steps in one task: pycache_purge, gpu_reset, shm_clean, nvml_verify.
+
+Each step is its module, run on the host as a task of its own would run it (the same
+arguments, environment, check and diff mode). What one task saves, per host, is the rest of a
+task: the worker process Ansible forks, the host's variables built by its main process, the
+task's own templates and callbacks. Measured on the fleet bench (docs/fleet_scale.md), that is
+most of the controller's cost of a reset beyond the module runs themselves.
+
+The steps run in the design's order and stop at the first one that fails (its name is
+`failed_step`) or finds the host gone (the result is then unreachable, with the steps done so
+far). nvml_verify is the last step: its failure (GPUs still in use) fails the task too, with
+every step's result kept.
+"""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleConnectionFailure
+from ansible.plugins.action import ActionBase
+
+# The order of the design (docs/design.md, section 2). The bytecode first: it is the one step whose
+# inputs only the host can refuse (a module that does not resolve, a path that is not there), and
+# it needs no process stopped (an interpreter that imported a module never reads its .pyc again,
+# and one that imports it later compiles the source as it is now), so a refusal comes before any
+# signal. Then no segment is removed while its holders live, and
+# the GPUs are read last.
+STEPS = ("pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
+# What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
+FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
+ARGUMENT_SPEC = {name: {"type": "dict"} for name in STEPS}
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp  # each module run makes and removes its own
+        dummy, args = self.validate_argument_spec(
+            argument_spec=ARGUMENT_SPEC, required_one_of=[list(STEPS)])
+        steps, diffs = {}, []
+        result.update(changed=False, steps=steps)
+        for name in STEPS:
+            if args[name] is None:
+                continue
+            try:
+                answer = self._execute_module(module_name="cleanslate.gpu.%s" % name,
+                                              module_args=dict(args[name]), task_vars=task_vars)
+            except AnsibleConnectionFailure as exc:
+                steps[name] = {"unreachable": True, "msg": str(exc)}
+                result.update(unreachable=True, msg=str(exc), failed_step=name)
+                return result
+            steps[name] = answer
+            result["changed"] = result["changed"] or bool(answer.get("changed"))
+            # A task of its own would print these: lift them to the task, where the callback looks.
+            for key in ("warnings", "deprecations"):
+                if answer.get(key):
+                    result.setdefault(key, []).extend(answer[key])
+            if answer.get("diff"):
+                diffs.append(answer["diff"])
+            if answer.get("failed"):
+                result.update({key: answer[key] for key in FAILURE_KEYS if key in answer})
+                result.update(failed=True, failed_step=name)
+                break
+        if diffs:
+            result["diff"] = diffs
+        return result

@@ -1,0 +1,104 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: reset_steps
+short_description: Run pycache_purge, gpu_reset, shm_clean and nvml_verify on a host in one task
+version_added: 0.2.0
+description:
+  - Runs, in this order, each of M(cleanslate.gpu.pycache_purge), M(cleanslate.gpu.gpu_reset),
+    M(cleanslate.gpu.shm_clean) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
+    dictionary as the module's arguments. Each module runs on the host exactly as a task of its own would run it,
+    with the task's environment, check mode and diff mode, and checks its own arguments.
+  - The order is the reset's. The bytecode first, because it is the one step whose inputs only the host can refuse
+    (a module that does not resolve, a path that is not there) and it needs no process stopped, so that a refusal
+    comes before any signal. Then no segment is removed while its holders live, and the GPUs are read last.
+  - Stops at the first step that fails, which fails the task with that module's message and names the step in
+    RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
+    results of the steps done so far.
+  - One task instead of four saves, for every host, three of what a task costs the controller beyond its module run
+    (a worker process, the host's variables, the task's templates). The C(cleanslate.gpu.node_reset) role runs its
+    steps with it; the four modules stay usable one by one.
+author:
+  - cleanslate.gpu maintainers (@cleanslate)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Every step runs in check mode, and reports what it would do.
+  diff_mode:
+    support: full
+    details: The diffs of the steps that return one, in the order they ran.
+  platform:
+    platforms: posix
+options:
+  pycache_purge:
+    description: The arguments of M(cleanslate.gpu.pycache_purge). Omitted, the step is not run.
+    type: dict
+  gpu_reset:
+    description: The arguments of M(cleanslate.gpu.gpu_reset). Omitted, the step is not run.
+    type: dict
+  shm_clean:
+    description: The arguments of M(cleanslate.gpu.shm_clean). Omitted, the step is not run.
+    type: dict
+  nvml_verify:
+    description: The arguments of M(cleanslate.gpu.nvml_verify). Omitted, the step is not run.
+    type: dict
+notes:
+  - At least one option must be given.
+seealso:
+  - module: cleanslate.gpu.pycache_purge
+  - module: cleanslate.gpu.gpu_reset
+  - module: cleanslate.gpu.shm_clean
+  - module: cleanslate.gpu.nvml_verify
+"""
+
+EXAMPLES = r"""
+- name: Purge a patched module's bytecode, stop the GPU holders, remove the dead server's leftovers, check
+  cleanslate.gpu.reset_steps:
+    pycache_purge:
+      modules: [vllm.model_executor.layers.sampler]
+      python: /opt/vllm/bin/python
+    gpu_reset:
+      cmdline_patterns: ['vllm\.entrypoints']
+      grace_period: 30
+    shm_clean:
+      path: /dev/shm
+    nvml_verify:
+      timeout: 60
+  register: reset
+
+- name: Say what the reset stopped and freed
+  ansible.builtin.debug:
+    msg: "{{ reset.steps.gpu_reset.killed | length }} stopped, {{ reset.steps.shm_clean.bytes_freed }} bytes of shared memory freed"
+"""
+
+RETURN = r"""
+steps:
+  description:
+    - The result of every step that ran, by its module's name, as the module returned it (see each module's return
+      values). A step that found the host gone holds C(unreachable) (true) and C(msg).
+  returned: always
+  type: dict
+  sample:
+    gpu_reset: {changed: true, killed: [{pid: 4242, name: python3}], elapsed_s: 3.1}
+    shm_clean: {changed: true, removed: [{path: /dev/shm/psm_1a2b}], bytes_freed: 1048576, elapsed_s: 0.01}
+failed_step:
+  description: The step that failed or found the host gone; the steps after it did not run.
+  returned: when a step failed
+  type: str
+  sample: pycache_purge
+"""

@@ -1,0 +1,154 @@
+"""cleanslate.gpu.reset_steps, as a playbook calls it: the four modules in the reset's order, in
+one task, stopping at the first that fails, with check and diff mode passed to each."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.sim import procinfo
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+
+
+def _run(tmp_path: Path, env: dict, steps, *args) -> tuple:
+    """One play on this machine: reset_steps with `steps` as its arguments; returns (process,
+    the registered result)."""
+    out = tmp_path / "result.json"
+    out.unlink(missing_ok=True)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "localhost", "gather_facts": False,
+        "tasks": [
+            {"name": "Run the steps", "cleanslate.gpu.reset_steps": steps, "environment": env,
+             "register": "result", "ignore_errors": True},
+            {"name": "Keep the result", "delegate_to": "localhost", "check_mode": False,
+             "ansible.builtin.copy": {"content": "{{ result | to_json }}", "dest": str(out)}},
+        ]}]))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=" + sys.executable, *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-2000:]
+    return proc, json.loads(out.read_text())
+
+
+def _steps(manifest: dict, **changes) -> dict:
+    """The four steps aimed at the simulated node, as the node_reset role aims them."""
+    steps = {
+        "gpu_reset": {"device_paths": manifest["device_paths"], "grace_period": 3,
+                      "cmdline_patterns": [manifest["api_server_pattern"]]},
+        "shm_clean": {"path": manifest["shm_dir"]},
+        "pycache_purge": {"paths": [manifest["site_packages"]["path"]], "python": manifest["python"]},
+        "nvml_verify": {"expected_count": manifest["gpu_count"], "timeout": 10},
+    }
+    steps.update(changes)
+    return {name: value for name, value in steps.items() if value is not None}
+
+
+def _pids(manifest: dict, *roles) -> list:
+    return [entry["pid"] for role in roles for entry in manifest["processes"][role]]
+
+
+def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path):
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest))
+    assert "failed" not in result or not result["failed"], result.get("msg")
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean", "nvml_verify"]
+    assert result["changed"] is True
+    assert not any(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
+    assert all(procinfo.alive(pid) for pid in _pids(manifest, "bystander", "persistenced"))
+    assert not any(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert not Path(manifest["site_packages"]["pyc"]).exists()
+    assert result["steps"]["nvml_verify"]["ok"] is True, result["steps"]["nvml_verify"].get("msg")
+    # Each step's own result, as the module returns it.
+    assert {entry["pid"] for entry in result["steps"]["gpu_reset"]["killed"]} >= set(_pids(manifest, "worker"))
+    assert result["steps"]["shm_clean"]["bytes_freed"] > 0
+
+
+def test_a_failing_step_stops_the_steps_after_it_and_says_why(crashed_node, tmp_path):
+    """A refused shm_clean path: pycache_purge and gpu_reset (before it) ran; nvml_verify (after
+    it) did not, and no shared memory was removed."""
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, shm_clean={"path": "relative/shm"}))
+    assert result["failed"] is True and result["failed_step"] == "shm_clean"
+    assert "relative/shm" in result["msg"] and "absolute" in result["msg"], result["msg"]
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean"]
+    assert not any(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
+    assert not Path(manifest["site_packages"]["pyc"]).exists()
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    # Ansible prints the module's own message, as for a task of its own.
+    assert "relative/shm" in proc.stdout
+
+
+def test_check_mode_lists_what_each_step_would_do_and_changes_nothing(crashed_node, tmp_path):
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"],
+                        _steps(manifest, nvml_verify={"timeout": 0, "checks": ["count"]}), "--check", "--diff")
+    every_pid = _pids(manifest, "api_server", "worker", "bystander", "persistenced")
+    assert all(procinfo.alive(pid) for pid in every_pid)
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+    # What a reset would do, each step in check mode.
+    assert "failed" not in result or not result["failed"], result.get("msg")
+    assert result["changed"] is True
+    assert set(_pids(manifest, "worker")) <= {entry["pid"] for entry in result["steps"]["gpu_reset"]["targets"]}
+    assert result["steps"]["gpu_reset"]["killed"] == []
+    assert {entry["path"] for entry in result["steps"]["shm_clean"]["removed"]} >= set(manifest["shm"]["leftovers"])
+    assert result["steps"]["pycache_purge"]["removed"], result["steps"]["pycache_purge"]
+    # --diff: each step's diff, in order, printed as a task of its own prints it: the bytecode
+    # first, then the processes, then the shm directory's names.
+    assert isinstance(result["diff"], list) and len(result["diff"]) == 3, result["diff"]
+    leftover = Path(manifest["shm"]["leftovers"][0]).name
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("-") and leftover in line for line in lines), proc.stdout[-3000:]
+    worker = "%d " % _pids(manifest, "worker")[0]
+    assert any(line.startswith("-" + worker) for line in lines), proc.stdout[-3000:]
+
+
+def test_a_dirty_gpu_fails_the_last_step_with_every_result_kept(crashed_node, tmp_path):
+    """In check mode nothing was stopped, so NVML still shows the memory: nvml_verify fails, and
+    the task with it, naming it; the results of the steps before it are there."""
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, nvml_verify={"timeout": 0}), "--check")
+    assert result["failed"] is True and result["failed_step"] == "nvml_verify"
+    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean", "nvml_verify"]
+    assert result["steps"]["nvml_verify"]["ok"] is False and "MiB" in result["msg"], result["msg"]
+
+
+def test_only_the_steps_given_run(crashed_node, tmp_path):
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], {"shm_clean": {"path": manifest["shm_dir"]}})
+    assert list(result["steps"]) == ["shm_clean"], proc.stdout[-2000:]
+    assert all(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+
+
+def test_no_step_or_a_step_that_is_not_a_mapping_is_refused_before_anything_runs(crashed_node, tmp_path):
+    manifest = crashed_node
+    env = manifest["nvml"]["env"]
+    proc, result = _run(tmp_path, env, {})
+    assert result["failed"] is True and "one of the following is required" in result["msg"], result["msg"]
+    for value in ("now", 5, ["path"]):
+        proc, result = _run(tmp_path, env, {"gpu_reset": {"device_paths": manifest["device_paths"]},
+                                            "shm_clean": value})
+        assert result["failed"] is True and "shm_clean" in result["msg"], result["msg"]
+        assert "steps" not in result or not result["steps"], result
+        assert all(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
+    proc, result = _run(tmp_path, env, {"gpu_reset": {"device_paths": manifest["device_paths"]}, "unit": "vllm"})
+    assert result["failed"] is True and "unit" in result["msg"], result["msg"]
+    assert all(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
+
+
+def test_a_bytecode_target_the_host_refuses_stops_everything_before_any_signal(crashed_node, tmp_path):
+    """pycache_purge runs first: a module name that does not resolve on the host fails it before
+    gpu_reset could signal anything, and before any segment is removed."""
+    manifest = crashed_node
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, pycache_purge={
+        "modules": ["vllm.no_such_module"], "python": manifest["python"]}))
+    assert result["failed"] is True and result["failed_step"] == "pycache_purge", result.get("msg")
+    assert "vllm.no_such_module" in result["msg"], result["msg"]
+    assert list(result["steps"]) == ["pycache_purge"]
+    assert all(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
