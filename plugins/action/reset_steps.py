@@ -8,8 +8,8 @@
 Each step is its module, run on the host as a task of its own would run it (the same
 arguments, environment, check and diff mode). What one task saves, per host, is the rest of a
 task: the worker process Ansible forks, the host's variables built by its main process, the
-task's own templates and callbacks. Measured on the fleet bench (docs/fleet_scale.md), that is
-most of the controller's cost of a reset beyond the module runs themselves.
+task's own templates and callbacks. On the fleet bench (docs/fleet_scale.md) that was 0.07 s
+of controller CPU per host (0.70 to 0.63 on 24 hosts), three tasks' worth.
 
 The steps run in the design's order and stop at the first one that fails (its name is
 `failed_step`) or finds the host gone (the result is then unreachable, with the steps done so
@@ -26,8 +26,7 @@ from ansible.plugins.action import ActionBase
 # inputs only the host can refuse (a module that does not resolve, a path that is not there), and
 # it needs no process stopped (an interpreter that imported a module never reads its .pyc again,
 # and one that imports it later compiles the source as it is now), so a refusal comes before any
-# signal. Then no segment is removed while its holders live, and
-# the GPUs are read last.
+# signal. Then no segment is removed while its holders live, and the GPUs are read last.
 STEPS = ("pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
