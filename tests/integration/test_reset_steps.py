@@ -152,3 +152,31 @@ def test_a_bytecode_target_the_host_refuses_stops_everything_before_any_signal(c
     assert list(result["steps"]) == ["pycache_purge"]
     assert all(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+
+
+def test_a_host_that_does_not_answer_is_unreachable_after_its_first_step(tmp_path):
+    """The first step that finds the host gone ends the task as unreachable: the later steps are
+    not tried (each would wait for the host again), and Ansible counts the host unreachable."""
+    out = tmp_path / "result.json"
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{
+        "hosts": "dead", "gather_facts": False,
+        "tasks": [
+            {"name": "Run the steps", "register": "result", "ignore_unreachable": True,
+             "cleanslate.gpu.reset_steps": {"shm_clean": {"path": "/nonexistent"},
+                                            "nvml_verify": {"timeout": 0}}},
+            {"name": "Keep the result", "delegate_to": "localhost",
+             "ansible.builtin.copy": {"content": "{{ result | to_json }}", "dest": str(out)}},
+        ]}]))
+    inventory = tmp_path / "inventory.json"
+    # Nothing listens on the discard port: ssh is refused at once.
+    inventory.write_text(json.dumps({"all": {"hosts": {
+        "dead": {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 9},
+        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(inventory)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert out.exists(), proc.stdout[-3000:]
+    result = json.loads(out.read_text())
+    assert result["unreachable"] is True and result["failed_step"] == "shm_clean", result
+    assert list(result["steps"]) == ["shm_clean"] and result["steps"]["shm_clean"]["unreachable"] is True
+    assert "fatal: [dead]: UNREACHABLE!" in proc.stdout, proc.stdout[-2000:]
