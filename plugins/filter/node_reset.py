@@ -204,7 +204,7 @@ def _refused_first(failed_step, steps) -> bool:
     """pycache_purge is the first module step (cleanslate.gpu.reset_steps): when it fails before
     removing anything (its inputs, its probe: a failed removal returns `errors`) and no unit was
     stopped before it, nothing was touched, as when a check on the host refuses it."""
-    if failed_step != "pycache_purge" or not isinstance(steps, Mapping):
+    if failed_step != "pycache_purge":
         return False
     return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
 
