@@ -307,12 +307,21 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
     return "\n".join(lines) + "\n"
 
 
+# A report holds the engines' journal lines and every host's problems: the controller's other
+# users have no business reading them (a secret masked everywhere the product knows of can still
+# be one the product was never told), so the files are the writer's alone.
+REPORT_MODE = 0o600
+
+
 def write_atomically(path: str, text: str) -> None:
-    """Readers never see half a report: write beside it, then rename."""
+    """Readers never see half a report: write beside it (never through a link planted there), then rename."""
     partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as handle:
+    if os.path.lexists(partial):
+        os.unlink(partial)
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, REPORT_MODE)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), REPORT_MODE)  # whatever the umask took away, nothing more
         handle.write(text)
-    os.chmod(partial, 0o644)
     os.replace(partial, path)
 
 
@@ -366,7 +375,7 @@ class ActionModule(ControllerAction):
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
                       rows=rows, merged_from=merged, changed=False)
         try:
-            os.makedirs(args["dest"], mode=0o755, exist_ok=True)
+            os.makedirs(args["dest"], mode=0o700, exist_ok=True)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
             write_atomically(base + ".md", markdown)
         except OSError as exc:

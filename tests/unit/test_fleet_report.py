@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, merge_rows, read_reports,
-                                                                            render_markdown)
+                                                                            render_markdown, write_atomically)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 
@@ -179,3 +181,27 @@ def test_a_merge_refuses_what_is_not_a_report_of_its_kind_with_one_sentence_each
 
 def test_nothing_to_merge_is_no_row():
     assert read_reports([], "reset") == ([], [])
+
+
+def test_a_report_file_is_readable_by_its_writer_alone_whatever_the_umask(tmp_path):
+    """Reports carry engine journal lines and problems: never world- or group-readable."""
+    old = os.umask(0)
+    try:
+        path = tmp_path / "reset-20261201T000000Z.json"
+        write_atomically(str(path), "{}\n")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        # Written again over an older, world-readable one: the new file is the writer's alone too.
+        path.chmod(0o644)
+        write_atomically(str(path), "{\"again\": true}\n")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and "again" in path.read_text()
+    finally:
+        os.umask(old)
+
+
+def test_a_link_planted_at_the_partial_name_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    path = tmp_path / "reset-20261201T000000Z.md"
+    (tmp_path / "reset-20261201T000000Z.md.partial").symlink_to(victim)
+    write_atomically(str(path), "report\n")
+    assert victim.read_text() == "keep" and path.read_text() == "report\n"

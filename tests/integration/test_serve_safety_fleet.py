@@ -1,0 +1,144 @@
+"""The serve layer touches only its own service and tells the truth about it: reset_and_serve.yml
+on real systemd hosts (the fleet of test_inference_service_fleet.py, served the same way), each
+promise asserted from outside the playbook (systemctl, files and /proc inside the host).
+
+Units: the role writes, stops and restarts only a unit it wrote itself; a hand-written unit is
+refused unless adopted (then kept as a backup); the host's own services are always refused; an
+older unit of the role that still runs is refused by name, its workers untouched.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from tests.integration.test_inference_service_fleet import (  # noqa: F401 pylint: disable=unused-import
+    HOSTS, UNIT, base_vars, recap, served)
+
+BILLING = "billing.service"
+BILLING_UNIT = "[Unit]\nDescription=Billing (hand-written)\n\n[Service]\nExecStart=/bin/sleep infinity\n"
+
+
+def unit_file(served_fleet, name, unit) -> bytes:
+    path = served_fleet.fleet.hosts[name].root / "etc/systemd/system" / unit
+    return path.read_bytes() if path.exists() else b""
+
+
+def backups(served_fleet, name, unit) -> list:
+    return sorted(p.name for p in (served_fleet.fleet.hosts[name].root / "etc/systemd/system").glob(unit + ".*~"))
+
+
+def main_pid(served_fleet, name, unit) -> int:
+    out = served_fleet.fleet.run(name, ["systemctl", "show", "--property=MainPID", "--value", unit]).stdout
+    return int(out.strip() or 0)
+
+
+def workers(served_fleet, name) -> list:
+    """The pids of the unit's processes (its control group), the server and its GPU workers."""
+    out = served_fleet.fleet.run(name, ["systemctl", "show", "--property=ControlGroup", "--value", UNIT]).stdout
+    procs = served_fleet.fleet.run(name, ["cat", f"/sys/fs/cgroup{out.strip()}/cgroup.procs"]).stdout
+    return sorted(int(pid) for pid in procs.split())
+
+
+@pytest.fixture
+def billing(served):
+    """node3 runs a hand-written billing.service (not the role's) beside the role's server."""
+    fleet = served.fleet
+    (fleet.hosts["node3"].root / "etc/systemd/system" / BILLING).write_text(BILLING_UNIT)
+    fleet.run("node3", ["sh", "-c", f"systemctl daemon-reload && systemctl start {BILLING}"])
+    try:
+        yield hashlib.sha256(BILLING_UNIT.encode()).hexdigest()
+    finally:
+        fleet.run("node3", ["sh", "-c", f"systemctl stop {BILLING}; rm -f /etc/systemd/system/{BILLING}*; "
+                                        "systemctl daemon-reload"], check=False)
+        served.vars["node3"] = base_vars("node3")
+        if served.get("node3", "/health")[0] != 200 or \
+                served.fleet.run("node3", ["systemctl", "is-enabled", UNIT], check=False).stdout.strip() != "enabled":
+            served.heal("node3")
+
+
+def test_a_hand_written_unit_is_refused_before_anything_is_touched(served, billing):
+    billing_pid = main_pid(served, "node3", BILLING)
+    server_pids = workers(served, "node3")
+    served.vars["node3"]["inference_service_unit"] = BILLING
+    proc, report = served.play(limit="node3")
+    assert proc.returncode == 2, proc.stdout[-6000:]
+    row = served.rows(report)["node3"]
+    assert row["status"] == "invalid" and row["killed"] == 0, row
+    problems = "\n".join(row["problems"])
+    assert "/etc/systemd/system/billing.service exists and this role did not write it" in problems
+    assert "set inference_service_adopt_unit: true" in problems
+    # The role's own server, still running under its old name, is named too: the reset for
+    # billing.service would have killed its GPU workers from under it.
+    assert "inference-server.service, a unit this role wrote earlier, still runs" in problems
+    assert hashlib.sha256(unit_file(served, "node3", BILLING)).hexdigest() == billing
+    assert backups(served, "node3", BILLING) == []
+    assert main_pid(served, "node3", BILLING) == billing_pid
+    assert workers(served, "node3") == server_pids
+    assert "Stop the unit" not in proc.stdout
+
+
+def test_a_renamed_unit_never_kills_the_old_units_workers(served):
+    """The inventory now names another unit; the old one (the role's, healthy) keeps its server
+    and GPU workers, and the run names it instead of resetting the GPUs under it."""
+    server_pids = workers(served, "node3")
+    assert len(server_pids) >= 3  # the API server and two TP workers
+    served.vars["node3"]["inference_service_unit"] = "llama-renamed.service"
+    try:
+        proc, report = served.play(limit="node3")
+        assert proc.returncode == 2, proc.stdout[-6000:]
+        row = served.rows(report)["node3"]
+        assert row["status"] == "invalid" and row["killed"] == 0, row
+        assert row["problems"] == [
+            "inference_service: on node3, inference-server.service, a unit this role wrote earlier, still runs but "
+            "the inventory now declares llama-renamed.service: a reset would kill its GPU workers from under it; "
+            "stop it first (systemctl disable --now inference-server.service), or declare it as "
+            "inference_service_unit"], row
+        assert workers(served, "node3") == server_pids
+        assert served.get("node3", "/health")[0] == 200
+        assert unit_file(served, "node3", "llama-renamed.service") == b""
+    finally:
+        served.vars["node3"] = base_vars("node3")
+
+
+def test_system_units_are_always_refused(served):
+    before = {name: main_pid(served, name, unit) for name, unit in
+              (("node1", "ssh.service"), ("node2", "systemd-journald.service"), ("node3", "dbus.service"))}
+    for name, unit in (("node1", "ssh.service"), ("node2", "systemd-journald.service"), ("node3", "dbus.service")):
+        served.vars[name]["inference_service_unit"] = unit
+        served.vars[name]["inference_service_adopt_unit"] = True
+    try:
+        proc, report = served.play()
+        assert proc.returncode == 2, proc.stdout[-6000:]
+        rows = served.rows(report)
+        for name, unit in (("node1", "ssh.service"), ("node2", "systemd-journald.service"),
+                           ("node3", "dbus.service")):
+            assert rows[name]["status"] == "invalid", rows[name]
+            assert f"inference_service_unit {unit} is a system unit" in "\n".join(rows[name]["problems"])
+            assert main_pid(served, name, unit) == before[name] != 0
+            assert unit_file(served, name, unit) == b""
+    finally:
+        for name in HOSTS:
+            served.vars[name] = base_vars(name)
+
+
+def test_an_adopted_unit_is_backed_up_and_shown_in_the_diff(served, billing):
+    fleet = served.fleet
+    fleet.run("node3", ["systemctl", "disable", "--now", UNIT])
+    served.vars["node3"].update(inference_service_unit=BILLING, inference_service_adopt_unit=True)
+    check, dummy = served.play(limit="node3", check=True)
+    assert check.returncode == 0, check.stdout[-6000:]
+    assert "-ExecStart=/bin/sleep infinity" in check.stdout and "+# Managed by Ansible" in check.stdout
+    assert hashlib.sha256(unit_file(served, "node3", BILLING)).hexdigest() == billing
+    proc, report = served.play(limit="node3")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert served.rows(report)["node3"]["service"]["status"] == "ready"
+    kept = backups(served, "node3", BILLING)
+    assert len(kept) == 1, kept
+    root = fleet.hosts["node3"].root / "etc/systemd/system"
+    assert (root / kept[0]).read_text() == BILLING_UNIT
+    assert unit_file(served, "node3", BILLING).startswith(b"# Managed by Ansible (cleanslate.gpu.inference_service)")
+    # Adopted once: the next run sees the role's own unit and changes nothing.
+    again, dummy = served.play(limit="node3")
+    assert again.returncode == 0 and recap(again.stdout)["node3"]["changed"] == 0, again.stdout[-4000:]
+    assert backups(served, "node3", BILLING) == kept
