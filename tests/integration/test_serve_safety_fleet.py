@@ -40,6 +40,13 @@ def workers(served_fleet, name) -> list:
     return sorted(int(pid) for pid in procs.split())
 
 
+def answers(served_fleet, name) -> bool:
+    try:
+        return served_fleet.get(name, "/health")[0] == 200
+    except OSError:  # refused, reset or timed out: URLError is an OSError
+        return False
+
+
 @pytest.fixture
 def billing(served):
     """node3 runs a hand-written billing.service (not the role's) beside the role's server."""
@@ -52,7 +59,7 @@ def billing(served):
         fleet.run("node3", ["sh", "-c", f"systemctl stop {BILLING}; rm -f /etc/systemd/system/{BILLING}*; "
                                         "systemctl daemon-reload"], check=False)
         served.vars["node3"] = base_vars("node3")
-        if served.get("node3", "/health")[0] != 200 or \
+        if not answers(served, "node3") or \
                 served.fleet.run("node3", ["systemctl", "is-enabled", UNIT], check=False).stdout.strip() != "enabled":
             served.heal("node3")
 
