@@ -101,6 +101,11 @@ def main(engine: str, argv: list, env=None) -> int:
     info = {"engine": engine, "version": data["version"], "argv": [sys.argv[0]] + list(argv), "pid": os.getpid(),
             "model": opts["model"], "served": opts["served"], "tp": opts["tp"], "speculative": opts["speculative"],
             "api_key_set": bool(opts["api_key"]), "settings": {k: str(v) for k, v in conf.items()}}
+    if engine == "sglang":
+        # As SGLang does at every start: its arguments in one line, keys and all (their repr).
+        log("INFO server_args=ServerArgs(model_path=%r, served_model_name=%r, tp_size=%d, host=%r, port=%d, "
+            "api_key=%r, admin_api_key=%r)" % (opts["model"], opts["served"], opts["tp"], opts["host"], opts["port"],
+                                               opts["api_key"] or None, getattr(ns, "admin_api_key", None)))
     log("INFO stand-in %s %s: loading %s as %s, tensor parallel %d, on %s:%d%s"
         % (engine, data["version"], opts["model"], opts["served"], opts["tp"], opts["host"], opts["port"],
            ", speculative %s" % json.dumps(opts["speculative"], sort_keys=True) if opts["speculative"] else ""))
