@@ -114,7 +114,10 @@ def main(engine: str, argv: list, env=None) -> int:
         nvml = _nvml(conf["nvml_state"])
         indices = gpus.visible_gpus(env, opts["tp"], str(conf["dev_dir"]), nvml)
         state = server.State(engine, opts["served"], opts["model"], opts["api_key"], opts["spec_tokens"],
-                             conf["acceptance"], opts["metrics"], conf["warmup_s"], info)
+                             conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"])
+        if stop.wait(conf["import_s"]):  # importing: the port is not bound yet
+            log("INFO stand-in: stopped while importing")
+            return 0
         try:
             httpd = server.make_server(opts["host"], opts["port"], state)
         except OSError as exc:
@@ -153,6 +156,10 @@ def main(engine: str, argv: list, env=None) -> int:
     if conf["fault"] == "orphan_workers":
         die("stand-in fault orphan_workers: the API server dies by SIGKILL, its workers stay")
         os.kill(os.getpid(), signal.SIGKILL)
+    if conf["crash_after_s"] and not stop.wait(conf["crash_after_s"]):
+        workers.stop()
+        return die("RuntimeError: CUDA error: unspecified launch failure (stand-in crash %.1f s after ready)"
+                   % conf["crash_after_s"])
     while not stop.wait(0.2):
         pass
     return _shutdown(httpd, state, workers, opts["drain_s"])

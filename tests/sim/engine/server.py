@@ -31,7 +31,7 @@ class State:
     """What the handlers share: counters under a lock, the shutdown flag, in-flight requests."""
 
     def __init__(self, engine: str, served: str, model: str, api_key: str, spec_tokens: int, acceptance: float,
-                 metrics: bool, warmup_s: float, info: dict):
+                 metrics: bool, warmup_s: float, info: dict, health_delay_s: float = 0.0):
         self.engine = engine
         self.served = served
         self.model = model
@@ -40,6 +40,7 @@ class State:
         self.acceptance = acceptance
         self.metrics = metrics
         self.info = info
+        self.health_delay_s = health_delay_s
         self.lock = threading.Lock()
         self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "requests": 0}
         self.owed = 0.0
@@ -104,6 +105,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         state = self.state
         if path == "/health":
+            time.sleep(state.health_delay_s)  # a slow server, not a dead one
             if state.engine == "vllm":
                 self._send(200)
             else:

@@ -3,8 +3,15 @@
     STANDIN_LOAD_S        seconds to "load the model" (connection refused meanwhile), default 2
     STANDIN_WARMUP_S      SGLang: seconds /health answers 503 after the port opens, default 0
     STANDIN_ACCEPTANCE    fraction of drafted tokens accepted, default 0.7
+    STANDIN_IMPORT_S      seconds before the port is even bound, default 0 (real vLLM imports for
+                          10 to 60 s before it binds: the window in which another server can hold the port)
+    STANDIN_HEALTH_DELAY_S
+                          seconds /health takes to answer, default 0 (SGLang's runs a one-token
+                          generation: up to 20 s under load)
+    STANDIN_CRASH_AFTER_S seconds after readiness at which the server exits 1, default 0 (never)
     STANDIN_FAULT         one fault (below), default none
-    STANDIN_FAULT_FILE    a JSON file {"load_s": .., "fault": .., "acceptance": ..} read at each start,
+    STANDIN_FAULT_FILE    a JSON file {"load_s": .., "fault": .., "acceptance": .., "import_s": ..,
+                          "health_delay_s": .., "crash_after_s": ..} read at each start,
                           so a test changes a running unit's next start without editing the unit
     STANDIN_FLAGS_DIR     the flag data (default: the role's files/flags in this checkout)
     STANDIN_VERSION       the engine version to be (default: the newest with data)
@@ -48,7 +55,9 @@ def _number(name: str, value, low: float, high: float) -> float:
 def load(env=None) -> dict:
     env = os.environ if env is None else env
     raw = {"load_s": env.get("STANDIN_LOAD_S", "2"), "warmup_s": env.get("STANDIN_WARMUP_S", "0"),
-           "acceptance": env.get("STANDIN_ACCEPTANCE"), "fault": env.get("STANDIN_FAULT", "")}
+           "acceptance": env.get("STANDIN_ACCEPTANCE"), "fault": env.get("STANDIN_FAULT", ""),
+           "import_s": env.get("STANDIN_IMPORT_S", "0"), "health_delay_s": env.get("STANDIN_HEALTH_DELAY_S", "0"),
+           "crash_after_s": env.get("STANDIN_CRASH_AFTER_S", "0")}
     fault_file = env.get("STANDIN_FAULT_FILE")
     if fault_file and os.path.exists(fault_file):
         try:
@@ -67,6 +76,9 @@ def load(env=None) -> dict:
     return {
         "load_s": _number("load_s", raw["load_s"], 0, 86400),
         "warmup_s": _number("warmup_s", raw["warmup_s"], 0, 86400),
+        "import_s": _number("import_s", raw["import_s"], 0, 86400),
+        "health_delay_s": _number("health_delay_s", raw["health_delay_s"], 0, 86400),
+        "crash_after_s": _number("crash_after_s", raw["crash_after_s"], 0, 86400),
         "acceptance": _number("acceptance", acceptance, 0, 1),
         "fault": fault,
         "flags_dir": Path(env.get("STANDIN_FLAGS_DIR") or DEFAULT_FLAGS_DIR),
