@@ -19,6 +19,9 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 NUMBERS = (
     ("inference_service_ready_timeout", 0, None, 604800, "a whole number of seconds from 0 to 604800 (a week)"),
     ("inference_service_poll_interval", None, 0, 3600, "a number of seconds above 0, at most 3600"),
+    ("inference_service_health_timeout", 0, None, 3600,
+     "a number of seconds from 0 (the engine's own) to 3600"),
+    ("inference_service_stable_s", 0, None, 3600, "a number of seconds from 0 to 3600"),
     ("inference_service_progress_interval", 1, None, 86400, "a whole number of seconds from 1 to 86400"),
     ("inference_service_smoke_completions", 1, None, 100, "a whole number of completions from 1 to 100"),
     ("inference_service_smoke_max_tokens", 1, None, 1048576, "a whole number of tokens from 1 to 1048576"),

@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -137,6 +138,18 @@ class Served:
                 return response.status, response.read()
         except urllib.error.HTTPError as exc:
             return exc.code, b""
+
+    def wait_health(self, name, timeout=60) -> None:
+        """Until the host's port answers /health 200 (from this machine), or fail after `timeout` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.get(name, "/health")[0] == 200:
+                    return
+            except OSError:  # refused while it loads
+                pass
+            assert time.monotonic() < deadline, f"{name} did not answer /health within {timeout} s"
+            time.sleep(0.2)
 
     def fault(self, name, **settings) -> None:
         path = self.fleet.hosts[name].root / FAULT_FILE.lstrip("/")

@@ -149,3 +149,114 @@ def test_an_adopted_unit_is_backed_up_and_shown_in_the_diff(served, billing):
     again, dummy = served.play(limit="node3")
     assert again.returncode == 0 and recap(again.stdout)["node3"]["changed"] == 0, again.stdout[-4000:]
     assert backups(served, "node3", BILLING) == kept
+
+
+# A server of someone else's on the inference port: answers everything the gate asks, as a
+# real OpenAI-compatible server would, with a too-good acceptance rate. Standard library only.
+FOREIGN = r'''#!/usr/bin/python3
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+SERVED = sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def _send(self, body, kind="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+    def do_GET(self):
+        if self.path.startswith("/metrics"):
+            self._send(b"vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 20\n"
+                       b"vllm:spec_decode_num_accepted_tokens_total 19\n", "text/plain")
+        elif self.path.startswith("/v1/models"):
+            self._send({"data": [{"id": SERVED}]})
+        else:
+            self._send({})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send({"choices": [{"text": " Paris, says someone else's server"}]})
+HTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def crash_journal_is_this_invocations(lines: list) -> bool:
+    """The journal lines of the invocation that died only: none of the stop of the one before."""
+    return not any("SIGTERM, draining" in line or line.startswith("Stopping ") for line in lines)
+
+
+def test_a_slow_server_is_never_reset_and_slow_is_told_apart_from_refused(served):
+    """node1 answers everything, but /health takes 6 s (SGLang's can take 20 s under load): it is
+    healthy for the engine's own timeout (vLLM 10 s) and left running; with a 2 s timeout it is
+    `slow`, still not reset, and the report says slow, not refused."""
+    fleet = served.fleet
+    served.fault("node1", health_delay_s=6)
+    fleet.run("node1", ["systemctl", "restart", UNIT])
+    try:
+        served.wait_health("node1", timeout=60)
+        pid = main_pid(served, "node1", UNIT)
+        since = float(fleet.run("node1", ["date", "+%s"]).stdout) - 1
+        proc, report = served.play(limit="node1")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        row = served.rows(report)["node1"]
+        assert row["killed"] == 0 and "no reset" in row.get("note", ""), row
+        assert row["service"]["status"] == "ready"
+        served.vars["node1"].update(inference_service_health_timeout=2, inference_service_ready_timeout=8)
+        proc, report = served.play(limit="node1")
+        row = served.rows(report)["node1"]
+        assert row["killed"] == 0 and row["seconds_per_step"] == {}, row
+        assert "slow" in row.get("note", "") and "refused" not in row.get("note", ""), row
+        # Never reset, never restarted: the same process, no start in the journal.
+        assert main_pid(served, "node1", UNIT) == pid
+        assert served.starts_since("node1", since) == 0
+        # The gate could not see it answer in 2 s either: the host does not serve, and says why.
+        assert proc.returncode == 2 and row["service"]["status"] == "failed", row
+        assert "no answer within 2" in row["service"]["reason"], row["service"]["reason"]
+    finally:
+        served.fault("node1")
+        served.vars["node1"] = base_vars("node1")
+        served.heal("node1")
+
+
+def test_a_foreign_server_on_the_port_is_not_ready(served):
+    """node3's server crashed; while its replacement is still importing (not listening yet, as
+    real vLLM for a minute), another program answers on :8000. The gate names it instead of
+    reporting the host ready with someone else's answers, and the program is left alone."""
+    fleet = served.fleet
+    root = fleet.hosts["node3"].root
+    (root / "usr/local/bin/foreign-llm").write_text(FOREIGN)
+    (root / "usr/local/bin/foreign-llm").chmod(0o755)
+    fleet.run("node3", ["systemctl", "stop", UNIT])
+    served.fault("node3", import_s=60)
+    fleet.spawn("node3", "foreign-llm", ["/usr/local/bin/foreign-llm", "8000", "sim/Llama-3.1-8B-Instruct"])
+    try:
+        foreign = main_pid(served, "node3", "foreign-llm.service")
+        served.wait_health("node3", timeout=30)
+        proc, report = served.play(limit="node3")
+        assert proc.returncode == 2, proc.stdout[-6000:]
+        service = served.rows(report)["node3"]["service"]
+        assert service["status"] == "failed", service
+        assert f"port 8000 is held by pid {foreign}" in service["reason"], service["reason"]
+        assert service["acceptance_rate"] is None  # none of the foreign server's figures
+        assert main_pid(served, "node3", "foreign-llm.service") == foreign  # not ours: untouched
+    finally:
+        fleet.run("node3", ["systemctl", "stop", "foreign-llm.service"], check=False)
+        served.fault("node3")
+        served.heal("node3")
+
+
+def test_a_server_that_dies_just_after_readiness_is_not_reported_ready(served):
+    """node3's engine answers, passes the smoke completions, then crashes 2 s after readiness: the
+    gate reads the unit again after inference_service_stable_s and fails the host with the journal
+    lines of the invocation that died, none of the one before."""
+    served.fault("node3", crash_after_s=2)
+    try:
+        proc, report = served.play(limit="node3", force=["node3"])
+        assert proc.returncode == 2, proc.stdout[-6000:]
+        service = served.rows(report)["node3"]["service"]
+        assert service["status"] == "failed", service
+        assert "died" in service["reason"] or "restarted" in service["reason"], service["reason"]
+        assert any("unspecified launch failure" in line for line in service["journal"]), service["journal"]
+        assert crash_journal_is_this_invocations(service["journal"]), service["journal"]
+    finally:
+        served.fault("node3")
+        served.heal("node3")
