@@ -34,7 +34,6 @@ NUMBERS = (
 )
 
 
-SECRETS = "inference_service_secrets"
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # The role's variables behind the flags it sets, to name in a sentence.
 FLAG_VARIABLES = {"--served-model-name": "inference_service_served_name", "--model-path": "inference_service_model",
@@ -104,19 +103,19 @@ def inference_service_secret_problems(secrets, args):
     problems = []
     for name, value in named:
         if CONTROL.search(value):
-            problems.append("%s.%s holds a control character, which would end its line in the secrets file."
-                            % (SECRETS, name))
+            problems.append("inference_service_secrets.%s holds a control character, which would end its line in "
+                            "the secrets file." % name)
         forms = _forms(value)
         for index, item in enumerate(argv):
             if any(form in item for form in forms):
-                problems.append("%s.%s is in the command line (%s), which every user of the host reads in /proc "
-                                "and in the unit file: change the secret or that argument."
-                                % (SECRETS, name, _argument(argv, index, named)))
+                problems.append("inference_service_secrets.%s is in the command line (%s), which every user of the "
+                                "host reads in /proc and in the unit file: change the secret or that argument."
+                                % (name, _argument(argv, index, named)))
         for variable, text in sorted(environment.items()):
             if value in str(text):
-                problems.append("inference_service_environment.%s holds the value of %s.%s: the unit file and "
-                                "--diff show it to every user; move it to %s.environment."
-                                % (variable, SECRETS, name, SECRETS))
+                problems.append("inference_service_environment.%s holds the value of inference_service_secrets.%s: "
+                                "the unit file and --diff show it to every user; move it to "
+                                "inference_service_secrets.environment." % (variable, name))
     return problems
 
 

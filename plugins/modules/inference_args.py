@@ -153,7 +153,7 @@ options:
 notes:
   - A warning (not a failure) is given for a deprecated flag, a vLLM deprecated MTP method alias, an SGLang algorithm
     that is not built in, C(--disable-log-stats) with speculative decoding (it hides the acceptance metrics), and
-    O(user) C(nobody) (other daemons that run as nobody could read the secret files).
+    O(user) C(nobody) (other daemons that run as nobody could read the server's secrets in its environment).
   - The failure message has one problem per line.
 """
 

@@ -198,9 +198,10 @@ class _Builder:
         if s["user"] and (not isinstance(s["user"], str) or not USER_NAME.fullmatch(s["user"])):
             self.problem("%s must be a user name, got %s" % (_var("user"), _shown(s["user"])))
         elif s["user"] in SHARED_USERS:
-            self.warnings.append("%s %s is shared by other daemons, and any of them could read the secret files "
-                                 "the server's user owns: create a user of its own for the server"
-                                 % (_var("user"), s["user"]))
+            # A process of the same user reads the server's /proc/PID/environ (VLLM_API_KEY, HF_TOKEN).
+            self.warnings.append("%s %s is shared by other daemons, and any of them could read the server's secrets "
+                                 "(its /proc/PID/environ, SGLang's secrets file): create a user of its own for the "
+                                 "server" % (_var("user"), s["user"]))
         for name in ("config_dir", "venv"):
             value = s[name]
             if name == "venv" and not value:
@@ -680,9 +681,9 @@ def build(settings: dict, flags: EngineFlags) -> dict:
     argv = [builder.executable()] + args
     exec_start = systemd.exec_line(argv)
     if _bytes(exec_start) > UNIT_LINE_MAX_BYTES:
-        raise ServeConfigError(["the command line is %d bytes in the unit file: systemd refuses a unit line over %d "
-                                "bytes (LONG_LINE_MAX); shorten %s" % (_bytes(exec_start), UNIT_LINE_MAX_BYTES,
-                                                                      _var("extra_args"))])
+        builder.problem("the command line is %d bytes in the unit file: systemd refuses a unit line over %d bytes "
+                        "(LONG_LINE_MAX); shorten %s" % (_bytes(exec_start), UNIT_LINE_MAX_BYTES, _var("extra_args")))
+        raise ServeConfigError(builder.problems)
     stem = builder.unit_stem()
     spec = settings["speculative"] or {}
     method_key = flags.data["speculative"]["method_key"]
