@@ -473,9 +473,11 @@ class _Builder:
         secret_at = None  # the position of a secret flag whose value follows it
         for position, option, entry, unknown in self.flags.options_in(items):
             if entry is None:
-                # A secret's value that reads as an option ("-sk..."): not shown, its flag is refused.
+                # Right after a secret's flag, or after a flag not known (a misspelled secret flag?), an
+                # item that reads as an option may be the secret ("-sk..."): not shown.
                 if position != secret_at:
                     self.problem("%s: %s" % (where, unknown))
+                secret_at = position + 1
                 continue
             reported.add(entry["dest"])
             if self._refuse_option(option, entry):

@@ -197,6 +197,7 @@ def test_vllm_hf_token_in_extra_args_is_refused_without_echoing_it(extra):
 @pytest.mark.parametrize("extra", [
     ["--api=" + SECRET], ["--api-kez=" + SECRET], ["--api-key.x=" + SECRET], ["--a=" + SECRET],
     ["--api-key", "-" + SECRET], ["--api-key", "--" + SECRET], ["--api-key", "-" + SECRET + "=x"],
+    ["--api", "-" + SECRET], ["--api-kez", "--" + SECRET],
 ])
 def test_a_misspelled_secret_flag_does_not_echo_its_value(extra):
     text = refused(extra_args=extra)
