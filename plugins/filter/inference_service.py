@@ -4,13 +4,18 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The inference_service role's check of its own variables: types, choices and the ranges of
-the gate's settings, one sentence per bad variable (its value hidden when the spec says no_log).
+the gate's settings, one sentence per bad variable (its value hidden when the spec says no_log);
+and where a secret's value would be shown to others, named without the value.
 
 The ranges were one assertion whose message listed all nine rules and values whatever was
-wrong; the types were ansible-core's validation task, which printed the whole argument spec."""
+wrong; the types were ansible-core's validation task, which printed the whole argument spec.
+The secrets were compared against the shell-quoted command line, where a quote in a secret
+(sk'X is written 'sk'"'"'X') hid it from the comparison."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
@@ -32,6 +37,12 @@ NUMBERS = (
 )
 
 
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The role's variables behind the flags it sets, to name in a sentence.
+FLAG_VARIABLES = {"--served-model-name": "inference_service_served_name", "--model-path": "inference_service_model",
+                  "--speculative-config": "inference_service_speculative", "--host": "inference_service_host"}
+
+
 def spec() -> dict:
     """The role's argument spec, read on first use: Ansible imports every filter file of the
     collection in a worker that needs one of them, and the node_reset role's workers need none of this."""
@@ -47,8 +58,73 @@ def inference_service_problems(values):
             + _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS)))
 
 
+def _secret_values(secrets: Mapping) -> list:
+    """[(its name in the role's variables, value)] of every secret that is set."""
+    named = [(key, secrets.get(key)) for key in ("api_key", "hf_token", "admin_api_key")]
+    environment = secrets.get("environment")
+    if isinstance(environment, Mapping):
+        named += [("environment.%s" % name, value) for name, value in environment.items()]
+    # YAML reads an all-digit secret as a number; a mapping or list here was refused by the type check.
+    return [(name, str(value)) for name, value in named
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value) != ""]
+
+
+def _forms(value: str) -> set:
+    """The value as the command line may hold it: raw, and as JSON writes it inside a string
+    (--speculative-config: quotes, backslashes and non-ASCII escaped)."""
+    return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+
+
+def _argument(argv: list, index: int, secrets: list) -> str:
+    """Which argument argv[index] is, in words that show no secret."""
+    if index == 0:
+        return "the executable (inference_service_executable or inference_service_venv)"
+    if index == 2 and argv[1] == "serve" and not argv[2].startswith("-"):
+        return "argument 2, the model (inference_service_model)"
+    previous = argv[index - 1].split("=", 1)[0]
+    option = argv[index].split("=", 1)[0] if argv[index].startswith("--") and "=" in argv[index] else None
+    flag = option or (previous if previous.startswith("-") else None)
+    if flag is None or any(form in flag for _name, value in secrets for form in _forms(value)):
+        return "argument %d" % index
+    variable = FLAG_VARIABLES.get(flag, "inference_service_extra_args")
+    return "argument %d, the value of %s (%s)" % (index, flag, variable)
+
+
+def inference_service_secret_problems(secrets, args):
+    """Where a secret's value would be read by others, one sentence per problem, each naming
+    the secret and the place, never the value: a secret holding a control character (it would
+    end its line in the secrets file); a secret inside an argument of the command line (every
+    user of the host reads it in /proc, and the unit file is world-readable), compared raw and
+    as JSON escapes it; a secret inside a value of inference_service_environment (the unit
+    file, and --diff). `args` is the result of cleanslate.gpu.inference_args."""
+    if not isinstance(secrets, Mapping) or not isinstance(args, Mapping):
+        raise TypeError("inference_service_secret_problems expects the secrets mapping and the inference_args result, "
+                        "got %s and %s" % (type(secrets).__name__, type(args).__name__))
+    named = _secret_values(secrets)
+    argv = [str(item) for item in args.get("argv") or []]
+    environment = args.get("environment") if isinstance(args.get("environment"), Mapping) else {}
+    problems = []
+    for name, value in named:
+        if CONTROL.search(value):
+            problems.append("inference_service_secrets.%s holds a control character, which would end its line in "
+                            "the secrets file." % name)
+        forms = _forms(value)
+        for index, item in enumerate(argv):
+            if any(form in item for form in forms):
+                problems.append("inference_service_secrets.%s is in the command line (%s), which every user of the "
+                                "host reads in /proc and in the unit file: change the secret or that argument."
+                                % (name, _argument(argv, index, named)))
+        for variable, text in sorted(environment.items()):
+            if value in str(text):
+                problems.append("inference_service_environment.%s holds the value of inference_service_secrets.%s: "
+                                "the unit file and --diff show it to every user; move it to "
+                                "inference_service_secrets.environment." % (variable, name))
+    return problems
+
+
 class FilterModule:
     """The inference_service role's checks."""
 
     def filters(self):
-        return {"inference_service_problems": inference_service_problems}
+        return {"inference_service_problems": inference_service_problems,
+                "inference_service_secret_problems": inference_service_secret_problems}

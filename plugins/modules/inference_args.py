@@ -20,7 +20,22 @@ description:
     C(draft_tensor_parallel_size)) and C(method) is required; SGLang's C(speculative_num_steps),
     C(speculative_eagle_topk) and C(speculative_num_draft_tokens) come all three or none.
   - Flags the settings own (model, served name, tensor parallel size, host, port, memory fraction, context length,
-    speculative config) and secret flags (C(--api-key), C(--hf-token)) are refused in O(extra_args).
+    speculative config) and secret flags (C(--api-key), C(--hf-token), C(--admin-api-key), SGLang's
+    C(--ssl-keyfile-password)) are refused in O(extra_args) however they are spelled (C(--flag=value), a unique
+    prefix, C(--flag_name), repeated); no message shows the value given to a flag.
+  - Flags that move the API away from the readiness gate are refused - C(--uds), C(--headless),
+    C(--api-server-count 0), C(--grpc) (SGLang C(--grpc-mode)), C(--ssl-keyfile) without C(--ssl-certfile),
+    C(--ssl-cert-reqs 2) (a client certificate). C(--ssl-certfile) is followed - RV(url) is https, and RV(ca_path)
+    is the engine's C(--ssl-ca-certs). C(--root-path) (SGLang C(--fastapi-root-path)) leaves the API at the root,
+    where the gate looks.
+  - O(host) must be an IP address (an IPv6 one without brackets or zone index) or a DNS host name; RV(url) is built
+    from the parsed address, never from the text.
+  - Bounds no real configuration reaches - O(model) at most 4096 characters, O(served_name) 256, O(extra_args)
+    1024 items, each argument and environment string under 131072 bytes (the kernel's MAX_ARG_STRLEN), the unit's
+    command line at most 1 MiB (systemd's line limit), speculative token counts at most 256, O(max_model_len) at
+    most 2147483647.
+  - SGLang algorithm names must be spelled as SGLang spells them (C(EAGLE3), not C(eagle3)); C(MTP) and C(MEDUSA)
+    are refused (SGLang's multi-token prediction is C(NEXTN)).
   - C(VLLM_PORT) and C(VLLM_HOST_IP) are refused in O(environment) (they are vLLM's internal addresses, not the API's),
     as are names that look like secrets (the unit file is readable by every user).
   - Secrets are never passed to this plugin, only which ones are set (O(secrets_set)); the command line never holds
@@ -137,7 +152,9 @@ options:
     default: /etc/cleanslate/inference
 notes:
   - A warning (not a failure) is given for a deprecated flag, a vLLM deprecated MTP method alias, an SGLang algorithm
-    that is not built in, and C(--disable-log-stats) with speculative decoding (it hides the acceptance metrics).
+    that is not built in, C(--disable-log-stats) with speculative decoding (it hides the acceptance metrics), and
+    O(user) C(nobody) (other daemons that run as nobody could read the server's secrets in its environment).
+  - The failure message has one problem per line.
 """
 
 EXAMPLES = r"""
@@ -220,10 +237,27 @@ env_file:
   type: str
   sample: /etc/cleanslate/inference/vllm.env
 url:
-  description: Where the readiness gate on the host reaches the server.
+  description:
+    - Where the readiness gate on the host reaches the server - C(http), or C(https) when O(extra_args) give
+      C(--ssl-certfile); the host is O(host) (C(0.0.0.0) and C(::) are reached through loopback), IPv6 in brackets.
   returned: success
   type: str
   sample: http://127.0.0.1:8000
+validate_certs:
+  description:
+    - Whether the gate checks the server's certificate against RV(ca_path). False for https without
+      C(--ssl-ca-certs) - the gate reaches the host it runs on, which this plugin checked; true for http (nothing to
+      check).
+  returned: success
+  type: bool
+  sample: false
+ca_path:
+  description:
+    - The CA file (the engine's C(--ssl-ca-certs), absolute as the engine reads it from C(/)) to check the server's
+      certificate against; empty when there is none.
+  returned: success
+  type: str
+  sample: /etc/tls/ca.pem
 served_name:
   description: The served model name.
   returned: success

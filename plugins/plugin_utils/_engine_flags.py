@@ -130,10 +130,11 @@ class EngineFlags:
         return entry["flags"][0]
 
     def normalise(self, option: str) -> str:
-        """vLLM's parser reads --a_b as --a-b (before the first '.'), and --a.b as a key of --a."""
-        if not option.startswith("--"):
-            return option
-        name = option.split("=", 1)[0]
+        """The option's name without its =value; vLLM's parser reads --a_b as --a-b (before the
+        first '.'), and --a.b as a key of --a."""
+        name = option_name(option)
+        if not name.startswith("--"):
+            return name
         if self.data.get("dotted_keys") and "." in name:
             name = name.split(".", 1)[0]
         if self.data.get("underscores"):
@@ -141,7 +142,8 @@ class EngineFlags:
         return name
 
     def resolve(self, option: str):
-        """The option entry `option` names (exactly or by a unique prefix), or a FlagError."""
+        """The option entry `option` names (exactly or by a unique prefix), or a FlagError. The
+        message names the option without its =value, which may be a secret."""
         name = self.normalise(option)
         if name in self.by_flag:
             return self.by_flag[name]
@@ -151,8 +153,8 @@ class EngineFlags:
             if len(entries) == 1:
                 return self.by_flag[matches[0]]
             if matches:
-                raise FlagError("ambiguous option: %s could match %s" % (option, ", ".join(matches)))
-        raise FlagError("%s is not an option of %s" % (option, self.label))
+                raise FlagError("ambiguous option: %s could match %s" % (option_name(option), ", ".join(matches)))
+        raise FlagError("%s is not an option of %s" % (option_name(option), self.label))
 
     def parser(self) -> argparse.ArgumentParser:
         if self._parser is None:
@@ -197,11 +199,22 @@ class EngineFlags:
         """Parse the arguments after the subcommand as the engine would; FlagError if refused."""
         return self.parser().parse_args(self.preprocess(list(args)))
 
-    def options_in(self, args: list) -> tuple:
-        """([(option string, entry)] for every option in args, with the values that argparse
-        would consume skipped by nargs; [one sentence per option the engine does not know])."""
+    def set_by(self, args: list):
+        """{dest: value} of every option that args set, parsed alone as the engine would parse
+        them (every spelling argparse accepts: prefixes, -x=v, repeats, the last one winning),
+        or None when the engine would refuse them."""
+        try:
+            namespace = self.parse(args)
+        except FlagError:
+            return None
+        return {dest: value for dest, value in vars(namespace).items() if value is not None and value is not False}
+
+    def options_in(self, args: list) -> list:
+        """[(position, option name, entry or None, FlagError text or None)] for every option in
+        args (position in args after preprocess, from 1); a value argparse would consume is
+        skipped as argparse skips it: a following item that reads as an option is not one."""
         args = self.preprocess(list(args))
-        found, unknown = [], []
+        found = []
         index = 0
         while index < len(args):
             arg = args[index]
@@ -211,24 +224,27 @@ class EngineFlags:
             try:
                 entry = self.resolve(arg)
             except FlagError as exc:
-                unknown.append(str(exc))
+                found.append((index, option_name(arg), None, str(exc)))
                 continue
-            found.append((arg, entry))
+            found.append((index, option_name(arg), entry, None))
             if "=" in arg or entry["nargs"] == 0:
-                continue
-            if entry["nargs"] is None:
-                index += 1
                 continue
             while index < len(args) and not _is_option(args[index]):
                 index += 1
-                if entry["nargs"] == "?":
+                if entry["nargs"] in (None, "?"):
                     break
-        return found, unknown
+        return found
+
+
+def option_name(option: str) -> str:
+    """--flag=value -> --flag: what a message may show (the value may be a secret)."""
+    return option.split("=", 1)[0]
 
 
 def _is_option(text: str) -> bool:
-    """argparse's view: '-x...' is an option unless it reads as a negative number."""
-    return text.startswith("-") and len(text) > 1 and not _is_number(text)
+    """argparse's view: '-x...' is an option unless it reads as a negative number, or holds a
+    space before any '=' (argparse takes '-a b' for a value)."""
+    return text.startswith("-") and len(text) > 1 and not _is_number(text) and " " not in option_name(text)
 
 
 def _is_number(text: str) -> bool:

@@ -15,11 +15,13 @@ EnvironmentFile, or for SGLang's API key a --config YAML file), never the comman
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import posixpath
 import re
 import shlex
+from urllib.parse import urlsplit, urlunsplit
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import EngineFlags, FlagError
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _systemd_quote as systemd
@@ -35,14 +37,42 @@ STOP_MARGIN_S = 30
 # Draft methods that read a draft checkpoint: without `model` vLLM has nothing to load.
 VLLM_METHODS_WITH_DRAFT = ("eagle", "eagle3", "draft_model")
 SECRET_KEYS = ("api_key", "hf_token", "admin_api_key")
+# A DNS host name label (RFC 1123): letters, digits and inner hyphens, 1 to 63 of them.
+HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+HOST_NAME_MAX = 253
+# Bounds no real configuration reaches, each where something outside the role fails first:
+MODEL_MAX_CHARS = 4096              # PATH_MAX, the longest path Linux opens (a Hub repository id is < 100)
+SERVED_NAME_MAX_CHARS = 256         # clients send it in every request; Hub ids are < 100 characters
+EXTRA_ARGS_MAX_ITEMS = 1024         # the engines have ~400 (vLLM) and ~560 (SGLang) options in all
+ARGUMENT_MAX_BYTES = 131072         # MAX_ARG_STRLEN: execve refuses an argument or environment string this long
+UNIT_LINE_MAX_BYTES = 1024 * 1024   # systemd's LONG_LINE_MAX: a longer unit line (continuations joined) is refused
+# Draft tokens per step: the largest published trees stay at 64 (SGLang's EAGLE example for Llama:
+# 5 steps, top-8, 64 draft tokens; vLLM's suffix decoding defaults to depth 24); each draft token
+# takes a slot in every CUDA graph and the KV cache of every request, so 4 times that is a typo.
+SPECULATIVE_TOKENS_MAX = 256
+MAX_MODEL_LEN_MAX = 2**31 - 1       # the attention kernels hold sequence lengths in int32
+# Users that other daemons run as too: any of them could read the secret files the server's user owns.
+SHARED_USERS = ("nobody", "nfsnobody")
+# Algorithm names people bring from other engines, which SGLang refuses ("Unknown speculative
+# algorithm name"): what SGLang calls the same thing.
+SGLANG_FOREIGN_ALGORITHMS = {
+    "MTP": "SGLang's multi-token prediction is NEXTN",
+    "MEDUSA": "for a model's own MTP heads SGLang has NEXTN; otherwise EAGLE or EAGLE3 with a draft model",
+}
+# Flags that take a secret no variable of the role carries: what to do instead.
+SECRET_FLAGS = {"ssl_keyfile_password": "use a key file without a password, readable by the server's user alone"}
+# ssl.CERT_REQUIRED, the value of --ssl-cert-reqs that makes uvicorn demand a client certificate.
+CERT_REQUIRED = 2
 
 
 class ServeConfigError(ValueError):
     """Every problem of a configuration, each one sentence."""
 
     def __init__(self, problems):
-        self.problems = list(problems)
-        super().__init__("; ".join(self.problems))
+        # Once each (a flag given twice is one mistake), and one per line: the report splits the
+        # failure on newlines into one bullet per problem.
+        self.problems = list(dict.fromkeys(problems))
+        super().__init__("\n".join(self.problems))
 
 
 def _var(name: str) -> str:
@@ -61,6 +91,46 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _utf8(text: str) -> bool:
+    """Whether text can be written to the unit file: a surrogate (a non-UTF-8 byte that
+    Ansible let through) cannot."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _bytes(text: str) -> int:
+    """Its length in the unit file and in execve's argument strings."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _shown(value, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a sentence stays readable whatever was given."""
+    text = repr(value)
+    return text if len(text) <= limit else "%s... (%d characters)" % (text[:limit], len(text))
+
+
+def parse_host(host):
+    """An IP address (ipaddress) or a DNS host name (str) from inference_service_host, or ValueError.
+
+    A host name is RFC 1123 labels; its last label is not all digits, since "127.1" or "0" would
+    be read as an address by inet_aton. Anything else (user@host, host:port, a path, brackets, a
+    zone index) could make the gate's URL name another machine."""
+    if not isinstance(host, str) or "%" in host:
+        raise ValueError("not an address or host name")
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > HOST_NAME_MAX or not all(HOST_LABEL.fullmatch(label) for label in labels) \
+            or labels[-1].isdigit():
+        raise ValueError("not an address or host name")
+    return host
+
+
 def _suggest(word: str, candidates) -> str:
     close = difflib.get_close_matches(word, list(candidates), n=3)
     return (" (did you mean %s?)" % ", ".join(close)) if close else ""
@@ -73,6 +143,7 @@ class _Builder:
         self.problems = []
         self.warnings = []
         self.owned = {}  # dest -> the variable that sets it
+        self.reach = {"scheme": "http", "ca_path": "", "validate_certs": True}  # how the gate reaches the API
 
     def problem(self, text: str) -> None:
         self.problems.append(text)
@@ -83,36 +154,54 @@ class _Builder:
         s = self.s
         # A leading "-" would make the engine read the model as an option (vLLM then serves its
         # default model under the served name).
-        if not isinstance(s["model"], str) or not s["model"].strip() or _control(s["model"]) \
-                or s["model"].startswith("-"):
-            self.problem("%s must name the model (a Hugging Face repository or a local path), got %r"
-                         % (_var("model"), s["model"]))
-        if not isinstance(s["served_name"], str) or _control(s["served_name"]) or " " in s["served_name"]:
-            self.problem("%s must be one word without spaces, got %r" % (_var("served_name"), s["served_name"]))
+        if isinstance(s["model"], str) and len(s["model"]) > MODEL_MAX_CHARS:
+            self.problem("%s is %d characters long: at most %d (PATH_MAX, the longest path Linux opens)"
+                         % (_var("model"), len(s["model"]), MODEL_MAX_CHARS))
+        elif not isinstance(s["model"], str) or not s["model"].strip() or _control(s["model"]) \
+                or s["model"].startswith("-") or not _utf8(s["model"]):
+            self.problem("%s must name the model (a Hugging Face repository or a local path), got %s"
+                         % (_var("model"), _shown(s["model"])))
+        if isinstance(s["served_name"], str) and len(s["served_name"]) > SERVED_NAME_MAX_CHARS:
+            self.problem("%s is %d characters long: at most %d (clients send it in every request)"
+                         % (_var("served_name"), len(s["served_name"]), SERVED_NAME_MAX_CHARS))
+        elif not isinstance(s["served_name"], str) or _control(s["served_name"]) or " " in s["served_name"] \
+                or not _utf8(s["served_name"]):
+            self.problem("%s must be one word without spaces, got %s" % (_var("served_name"), _shown(s["served_name"])))
         if not _int(s["tensor_parallel_size"]) or not 1 <= s["tensor_parallel_size"] <= 1024:
             self.problem("%s must be an integer from 1 to 1024, got %r"
                          % (_var("tensor_parallel_size"), s["tensor_parallel_size"]))
-        if not isinstance(s["host"], str) or not s["host"] or any(c.isspace() for c in s["host"]) or _control(s["host"]) \
-                or s["host"].startswith("-"):
-            self.problem("%s must be an address or host name, got %r" % (_var("host"), s["host"]))
+        if isinstance(s["host"], str) and "%" in s["host"]:
+            self.problem("%s %s has a zone index (%%): the readiness gate's URL cannot carry one; listen on a "
+                         "global or loopback address, or on :: (every address)" % (_var("host"), _shown(s["host"])))
+        else:
+            try:
+                parse_host(s["host"])
+            except ValueError:
+                self.problem("%s must be an IP address or a DNS host name (letters, digits and inner '-' in labels "
+                             "joined by '.'), got %s" % (_var("host"), _shown(s["host"])))
         if not _int(s["port"]) or not 1 <= s["port"] <= 65535:
             self.problem("%s must be a port from 1 to 65535, got %r" % (_var("port"), s["port"]))
         fraction = s["gpu_memory_fraction"]
         if not _number(fraction) or not 0 <= fraction <= 1:
             self.problem("%s must be more than 0 and at most 1 (0: the engine's default), got %r"
                          % (_var("gpu_memory_fraction"), fraction))
-        if not _int(s["max_model_len"]) or s["max_model_len"] < 0:
-            self.problem("%s must be a positive integer (0: the model's own), got %r"
-                         % (_var("max_model_len"), s["max_model_len"]))
+        if not _int(s["max_model_len"]) or not 0 <= s["max_model_len"] <= MAX_MODEL_LEN_MAX:
+            self.problem("%s must be an integer from 0 (the model's own) to %d, got %s"
+                         % (_var("max_model_len"), MAX_MODEL_LEN_MAX, _shown(s["max_model_len"])))
         if not _int(s["drain_timeout"]) or not 0 <= s["drain_timeout"] <= 86400:
             self.problem("%s must be an integer from 0 to 86400 seconds, got %r"
                          % (_var("drain_timeout"), s["drain_timeout"]))
         unit = s["unit"]
-        if not isinstance(unit, str) or not UNIT_NAME.match(unit) or ".." in unit or len(unit) > 255:
+        if not isinstance(unit, str) or not UNIT_NAME.fullmatch(unit) or ".." in unit or len(unit) > 255:
             self.problem("%s must be a service unit name such as vllm.service (letters, digits, ':_.-'), got %r"
                          % (_var("unit"), unit))
-        if s["user"] and (not isinstance(s["user"], str) or not USER_NAME.match(s["user"])):
-            self.problem("%s must be a user name, got %r" % (_var("user"), s["user"]))
+        if s["user"] and (not isinstance(s["user"], str) or not USER_NAME.fullmatch(s["user"])):
+            self.problem("%s must be a user name, got %s" % (_var("user"), _shown(s["user"])))
+        elif s["user"] in SHARED_USERS:
+            # A process of the same user reads the server's /proc/PID/environ (VLLM_API_KEY, HF_TOKEN).
+            self.warnings.append("%s %s is shared by other daemons, and any of them could read the server's secrets "
+                                 "(its /proc/PID/environ, SGLang's secrets file): create a user of its own for the "
+                                 "server" % (_var("user"), s["user"]))
         for name in ("config_dir", "venv"):
             value = s[name]
             if name == "venv" and not value:
@@ -208,6 +297,10 @@ class _Builder:
                              % (where, key, self.flags.version, _suggest(key, keys)))
                 continue
             self._check_spec_value("%s.%s" % (where, key), keys[key], value)
+        tokens = spec.get("num_speculative_tokens")
+        if _int(tokens) and tokens > SPECULATIVE_TOKENS_MAX:
+            self.problem("%s.num_speculative_tokens must be at most %d (published configurations use 1 to 24), got %d"
+                         % (where, SPECULATIVE_TOKENS_MAX, tokens))
         method = spec.get(data["method_key"])
         if method is None:
             self.problem("%s.method is required: without it vLLM guesses the method from the draft model's "
@@ -308,66 +401,158 @@ class _Builder:
             for item in values:
                 if isinstance(item, bool) or item is None or isinstance(item, (dict, list)) or (
                         isinstance(item, float) and not math.isfinite(item)):
-                    self.problem("%s must be a %s value, got %r" % (label, entry["type"], value))
+                    self.problem("%s must be a %s value, got %s" % (label, entry["type"], _shown(value)))
+                    break
+                if isinstance(item, str) and (_control(item) or not _utf8(item)):
+                    self.problem("%s holds a control character or text that is not UTF-8" % label)
                     break
             else:
                 args += [flag] + [str(item) for item in values]
-        method = spec.get(data["method_key"])
-        if not method:
-            self.problem("%s.%s is required: name the algorithm (%s)"
-                         % (where, data["method_key"], ", ".join(data["algorithms"])))
-        elif isinstance(method, str) and method.upper() not in data["algorithms"]:
-            self.warnings.append("%s.%s %s is not one of SGLang %s's built-in algorithms (%s); "
-                                 "it must come from a plugin" % (where, data["method_key"], method,
-                                                                 self.flags.version, ", ".join(data["algorithms"])))
+        self._check_sglang_algorithm(spec.get(data["method_key"]), data)
         given = [key for key in data["all_or_none"] if key in spec]
         if given and len(given) != len(data["all_or_none"]):
             missing = ", ".join(k for k in data["all_or_none"] if k not in spec)
             self.problem("%s: %s are given together or not at all (SGLang picks all three itself when none is "
                          "given); missing: %s" % (where, ", ".join(data["all_or_none"]), missing))
         for key in given:
-            if not _int(spec[key]) or spec[key] < 1:
-                self.problem("%s.%s must be an integer of 1 or more, got %r" % (where, key, spec[key]))
+            if not _int(spec[key]) or not 1 <= spec[key] <= SPECULATIVE_TOKENS_MAX:
+                self.problem("%s.%s must be an integer from 1 to %d, got %s"
+                             % (where, key, SPECULATIVE_TOKENS_MAX, _shown(spec[key])))
         if spec.get("speculative_adaptive_config") and spec.get("speculative_adaptive") is not True:
             self.warnings.append("%s.speculative_adaptive_config has no effect without speculative_adaptive: true"
                                  % where)
         return args
 
+    def _check_sglang_algorithm(self, method, data: dict) -> None:
+        """SGLang's from_string upper-cases the name, but ServerArgs sets an algorithm up by
+        comparing it case-sensitively first (NEXTN becomes EAGLE, EAGLE/EAGLE3/STANDALONE get
+        their step defaults): a lower-case name skips that setup, or is refused later."""
+        label = "%s.%s" % (_var("speculative"), data["method_key"])
+        algorithms = data["algorithms"]
+        if not method:
+            self.problem("%s is required: name the algorithm (%s)" % (label, ", ".join(algorithms)))
+        elif not isinstance(method, str):
+            self.problem("%s must be a name (%s), got %s" % (label, ", ".join(algorithms), _shown(method)))
+        elif method in algorithms:
+            return
+        elif method.upper() in algorithms:
+            self.problem("%s %s must be spelled %s: SGLang sets an algorithm up by its upper-case name"
+                         % (label, method, method.upper()))
+        elif method.upper() in SGLANG_FOREIGN_ALGORITHMS:
+            self.problem("%s %s is not an algorithm of SGLang %s, which refuses it (Unknown speculative algorithm "
+                         "name): %s" % (label, method, self.flags.version, SGLANG_FOREIGN_ALGORITHMS[method.upper()]))
+        else:
+            self.warnings.append("%s %s is not one of SGLang %s's built-in algorithms (%s); it must come from a plugin"
+                                 % (label, method, self.flags.version, ", ".join(algorithms)))
+
     # --- extra arguments ------------------------------------------------------------------
 
     def check_extra(self, extra) -> list:
+        """The items of inference_service_extra_args, checked one by one. No sentence shows an
+        item's value: a secret given to a flag would be printed with it."""
         where = _var("extra_args")
         if not isinstance(extra, list) or not all(isinstance(item, (str, int, float)) and not isinstance(item, bool)
                                                   for item in extra):
-            self.problem("%s must be a list of strings (each flag and each value its own item), got %r"
-                         % (where, extra))
+            self.problem("%s must be a list of strings (each flag and each value its own item), got %s"
+                         % (where, _shown(extra)))
+            return []
+        if len(extra) > EXTRA_ARGS_MAX_ITEMS:
+            self.problem("%s has %d items: at most %d (each option and value is one item; the engines have about "
+                         "500 options)" % (where, len(extra), EXTRA_ARGS_MAX_ITEMS))
             return []
         items = [str(item) for item in extra]
-        for item in items:
-            if _control(item):
-                self.problem("%s: item %r holds a control character" % (where, item))
-        found, unknown = self.flags.options_in(items)
-        for text in unknown:
-            self.problem("%s: %s" % (where, text))
-        for option, entry in found:
-            owner = self.owned.get(entry["dest"])
-            if owner and owner.startswith(_var("secrets")):
-                self.problem("%s: %s would put a secret on the command line, where every user of the host reads "
-                             "it in /proc; set %s instead" % (where, option, owner))
-            elif owner:
-                self.problem("%s: %s is set by the role; use %s" % (where, option, owner))
-            elif entry["dest"] == "config":
-                if self.flags.engine == "sglang" and self.s["secrets_set"].get("api_key"):
-                    self.problem("%s: %s cannot be given with an API key: SGLang takes one --config file, "
-                                 "which carries the key" % (where, option))
-                else:
-                    self.warnings.append("%s: the flags inside %s's file are not checked" % (where, option))
-            if entry.get("deprecated"):
-                self.warnings.append("%s: %s is deprecated in %s" % (where, option, self.flags.label))
-            if self.flags.engine == "vllm" and entry["dest"] == "disable_log_stats" and self.s["speculative"]:
-                self.warnings.append("%s: %s also turns off /metrics, where the acceptance rate is read"
-                                     % (where, option))
+        for position, item in enumerate(items, 1):
+            if not _utf8(item):
+                self.problem("%s item %d is not UTF-8 text" % (where, position))
+            elif _control(item):
+                self.problem("%s item %d holds a control character" % (where, position))
+            elif _bytes(item) >= ARGUMENT_MAX_BYTES:
+                self.problem("%s item %d is %d bytes long: the kernel refuses an argument of %d bytes or more "
+                             "(MAX_ARG_STRLEN); give a file instead" % (where, position, _bytes(item), ARGUMENT_MAX_BYTES))
+        reported = set()
+        secret_at = None  # the position of a secret flag whose value follows it
+        for position, option, entry, unknown in self.flags.options_in(items):
+            if entry is None:
+                # Right after a secret's flag, or after a flag not known (a misspelled secret flag?), an
+                # item that reads as an option may be the secret ("-sk..."): not shown.
+                if position != secret_at:
+                    self.problem("%s: %s" % (where, unknown))
+                secret_at = position + 1
+                continue
+            reported.add(entry["dest"])
+            if self._refuse_option(option, entry):
+                secret_at = position + 1
+        given = self.flags.set_by(items)
+        if given is not None:
+            # What the engine's own parser reads that the walk above could not (-tp=8, a prefix of a
+            # short option): the same sentences, named by the option's first spelling.
+            for dest in sorted(set(given) - reported):
+                entry = self.flags.by_dest(dest)
+                if entry is not None:  # not vLLM's positional model, which the whole line's parse checks
+                    self._refuse_option(entry["flags"][0], entry)
+            self.reach = self.api_reach(given)
         return items
+
+    def _refuse_option(self, option: str, entry: dict) -> bool:
+        """Refuse (or warn about) one option of inference_service_extra_args; True when it is a
+        secret's flag, whose value must not be shown."""
+        where = _var("extra_args")
+        dest = entry["dest"]
+        owner = self.owned.get(dest)
+        secret = dest in SECRET_FLAGS or bool(owner and owner.startswith(_var("secrets")))
+        if owner and owner.startswith(_var("secrets")):
+            self.problem("%s: %s would put a secret on the command line, where every user of the host reads "
+                         "it in /proc; set %s instead" % (where, option, owner))
+        elif dest in SECRET_FLAGS:
+            self.problem("%s: %s would put a secret on the command line, where every user of the host reads "
+                         "it in /proc; %s" % (where, option, SECRET_FLAGS[dest]))
+        elif owner:
+            self.problem("%s: %s is set by the role; use %s" % (where, option, owner))
+        elif dest == "config":
+            if self.flags.engine == "sglang" and self.s["secrets_set"].get("api_key"):
+                self.problem("%s: %s cannot be given with an API key: SGLang takes one --config file, "
+                             "which carries the key" % (where, option))
+            else:
+                self.warnings.append("%s: the flags inside %s's file are not checked" % (where, option))
+        if entry.get("deprecated"):
+            self.warnings.append("%s: %s is deprecated in %s" % (where, option, self.flags.label))
+        if self.flags.engine == "vllm" and dest == "disable_log_stats" and self.s["speculative"]:
+            self.warnings.append("%s: %s also turns off /metrics, where the acceptance rate is read"
+                                 % (where, option))
+        return secret
+
+    def api_reach(self, given: dict) -> dict:
+        """How the gate reaches the API that the options `given` ({dest: value}) set up: TLS is
+        followed (https, and the CA the engine names); what moves the API off http(s)://host:port
+        is refused, since the gate would wait its whole deadline."""
+        where = _var("extra_args")
+        flag = self.flags.flag_of
+        unreachable = "the readiness gate could not reach the API"
+        if given.get("uds"):
+            self.problem("%s: %s makes the server listen on a Unix socket instead of %s and %s: %s"
+                         % (where, flag("uds"), _var("host"), _var("port"), unreachable))
+        if given.get("headless"):
+            self.problem("%s: %s runs the engine without an API server: %s" % (where, flag("headless"), unreachable))
+        count = given.get("api_server_count")
+        if _int(count) and count < 1:
+            self.problem("%s: %s %d runs the engine without an API server (as --headless does): %s"
+                         % (where, flag("api_server_count"), count, unreachable))
+        for dest in ("grpc", "grpc_mode"):
+            if given.get(dest):
+                self.problem("%s: %s serves gRPC instead of HTTP: %s" % (where, flag(dest), unreachable))
+        if given.get("ssl_keyfile") and not given.get("ssl_certfile"):
+            self.problem("%s: %s without %s: uvicorn needs the certificate to start TLS, so the server would not "
+                         "start and %s" % (where, flag("ssl_keyfile"), flag("ssl_certfile"), unreachable))
+        if given.get("ssl_cert_reqs") == CERT_REQUIRED and given.get("ssl_certfile"):
+            self.problem("%s: %s %d requires a client certificate, which the readiness gate does not have: %s"
+                         % (where, flag("ssl_cert_reqs"), CERT_REQUIRED, unreachable))
+        # uvicorn serves TLS when given a certificate (the key may be in the same file). The CA the
+        # engine checks clients against is the one the gate checks the server with; a relative path
+        # is the engine's, whose unit runs in / (no WorkingDirectory).
+        tls = bool(given.get("ssl_certfile"))
+        ca_path = posixpath.normpath(posixpath.join("/", given["ssl_ca_certs"])) \
+            if tls and given.get("ssl_ca_certs") else ""
+        return {"scheme": "https" if tls else "http", "ca_path": ca_path, "validate_certs": bool(ca_path) or not tls}
 
     # --- environment ----------------------------------------------------------------------
 
@@ -375,20 +560,27 @@ class _Builder:
         where = _var("environment")
         env = self.s["environment"]
         if not isinstance(env, dict):
-            self.problem("%s must be a dict of variable names to values, got %r" % (where, env))
+            self.problem("%s must be a dict of variable names to values, got %s" % (where, _shown(env)))
             return {}
         out = {}
         for name, value in env.items():
             label = "%s.%s" % (where, name)
-            if not isinstance(name, str) or not ENV_NAME.match(name):
-                self.problem("%s: %r is not an environment variable name" % (where, name))
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+                self.problem("%s: %s is not an environment variable name" % (where, _shown(name)))
                 continue
             if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-                self.problem("%s must be a string (quote YAML's true/false), got %r" % (label, value))
+                self.problem("%s must be a string (quote YAML's true/false), got %s" % (label, _shown(value)))
                 continue
             value = str(value)
+            if not _utf8(value):
+                self.problem("%s is not UTF-8 text" % label)
+                continue
             if _control(value):
                 self.problem("%s holds a control character" % label)
+                continue
+            if _bytes("%s=%s" % (name, value)) >= ARGUMENT_MAX_BYTES:
+                self.problem("%s is %d bytes long: the kernel refuses an environment string of %d bytes or more "
+                             "(MAX_ARG_STRLEN)" % (label, _bytes(value), ARGUMENT_MAX_BYTES))
                 continue
             if name in ("VLLM_PORT", "VLLM_HOST_IP"):
                 self.problem("%s: %s is vLLM's address for its own internal communication, not the API's; "
@@ -424,8 +616,8 @@ class _Builder:
         if secrets.get("admin_api_key") and self.flags.engine != "sglang":
             self.problem("%s.admin_api_key: %s has no admin API key (SGLang only)" % (where, self.flags.label))
         for name in secrets.get("environment", []):
-            if not isinstance(name, str) or not ENV_NAME.match(name):
-                self.problem("%s.environment: %r is not an environment variable name" % (where, name))
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+                self.problem("%s.environment: %s is not an environment variable name" % (where, _shown(name)))
             elif name in plain:
                 self.problem("%s.environment.%s is also in %s" % (where, name, _var("environment")))
             elif name in env:
@@ -448,15 +640,23 @@ class _Builder:
         return {"path": path, "secrets": keys, "args": [self.flags.flag_of("config"), path]}
 
 
-def gate_url(host: str, port) -> str:
-    """Where the readiness gate on the host reaches the server."""
-    if host in ("0.0.0.0", ""):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
-    if ":" in host:
-        host = "[%s]" % host
-    return "http://%s:%s" % (host, port)
+def gate_url(host: str, port: int, scheme: str = "http") -> str:
+    """Where the readiness gate on the host reaches the server: built from the parsed host (an
+    unspecified address becomes loopback), then read back as an HTTP client reads it, so that no
+    text of the host can make the URL name another machine."""
+    parsed = parse_host(host)
+    if isinstance(parsed, str):
+        name, netloc_host = parsed.lower(), parsed
+    else:
+        if parsed.is_unspecified:
+            parsed = ipaddress.ip_address("::1" if parsed.version == 6 else "127.0.0.1")
+        name = parsed.compressed
+        netloc_host = "[%s]" % name if parsed.version == 6 else name
+    url = urlunsplit((scheme, "%s:%d" % (netloc_host, port), "", "", ""))
+    parts = urlsplit(url)
+    if (parts.scheme, parts.hostname, parts.port, parts.username, parts.path) != (scheme, name, port, None, ""):
+        raise ValueError("the gate's URL %s does not read back as %s port %d" % (url, name, port))
+    return url
 
 
 def build(settings: dict, flags: EngineFlags) -> dict:
@@ -481,6 +681,11 @@ def build(settings: dict, flags: EngineFlags) -> dict:
     if builder.problems:
         raise ServeConfigError(builder.problems)
     argv = [builder.executable()] + args
+    exec_start = systemd.exec_line(argv)
+    if _bytes(exec_start) > UNIT_LINE_MAX_BYTES:
+        builder.problem("the command line is %d bytes in the unit file: systemd refuses a unit line over %d bytes "
+                        "(LONG_LINE_MAX); shorten %s" % (_bytes(exec_start), UNIT_LINE_MAX_BYTES, _var("extra_args")))
+        raise ServeConfigError(builder.problems)
     stem = builder.unit_stem()
     spec = settings["speculative"] or {}
     method_key = flags.data["speculative"]["method_key"]
@@ -489,14 +694,16 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         "engine_version": flags.version,
         "argv": argv,
         "command_line": " ".join(shlex.quote(word) for word in argv),
-        "exec_start": systemd.exec_line(argv),
+        "exec_start": exec_start,
         "executable": argv[0],
         "environment": env,
         "environment_lines": [systemd.environment_item(k, v) for k, v in sorted(env.items())],
         "secret_environment": secret_env,
         "secret_config": {k: v for k, v in secret_config.items() if k != "args"},
         "env_file": posixpath.join(settings["config_dir"], stem + ".env"),
-        "url": gate_url(settings["host"], settings["port"]),
+        "url": gate_url(settings["host"], settings["port"], builder.reach["scheme"]),
+        "validate_certs": builder.reach["validate_certs"],
+        "ca_path": builder.reach["ca_path"],
         "served_name": settings["served_name"] or settings["model"],
         "timeout_stop_sec": settings["drain_timeout"] + STOP_MARGIN_S,
         "speculative": {"enabled": bool(spec), "method": spec.get(method_key)},

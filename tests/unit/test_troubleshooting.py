@@ -8,8 +8,9 @@ The sentences are found in the source by patterns the code keeps, not by a list 
   - a module-level constant named *_ACTION or *_NEEDED (gpu_reset's "what to do" for a process
     it could not stop, its need for root) or NOT_RUN (the report's row without a result);
   - the text of a failure: the `msg=` of a call (fail_json, a result), the argument of a raised
-    exception (TypeError, ValueError, KeyError: programming errors, left out), and what is
-    assigned to a result's "reason" or "msg".
+    exception (TypeError, ValueError, KeyError: programming errors, left out), what is
+    assigned to a result's "reason" or "msg", and the argument of a `.problem(...)` call (the
+    serving configuration's one-sentence problems, plugin_utils/_serve_command.py).
 A sentence is identified by its head, its first words (at least four, at least two of them
 literal text); a format placeholder (%s, %d, ...) matches any one word. The runbook matches when
 it contains the head, ignoring case, backticks and line breaks: reword the rest of a message
@@ -27,7 +28,9 @@ from ansible_collections.cleanslate.gpu.plugins.action.reset_steps import STEPS 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "docs" / "troubleshooting.md"
 SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "plugins/filter/node_reset.py",
-           "plugins/action/fleet_report.py", "plugins/modules/inference_ready.py", "plugins/action/inference_ready.py")
+           "plugins/action/fleet_report.py", "plugins/modules/inference_ready.py", "plugins/action/inference_ready.py",
+           "plugins/plugin_utils/_serve_command.py", "plugins/plugin_utils/_engine_flags.py",
+           "plugins/filter/inference_service.py")
 DOC_BLOCKS = ("DOCUMENTATION", "EXAMPLES", "RETURN")
 CONSTANT = re.compile(r"_(ACTION|NEEDED)$|^NOT_RUN$")
 INTERNAL_ERRORS = ("TypeError", "ValueError", "KeyError", "AssertionError")
@@ -62,6 +65,8 @@ def _failure_texts(node):
     """The message expressions a node hands to the user, by the patterns above."""
     if isinstance(node, ast.Call):
         yield from (keyword.value for keyword in node.keywords if keyword.arg == "msg")
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "problem" and node.args:
+            yield node.args[0]
     if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
         name = node.exc.func.id if isinstance(node.exc.func, ast.Name) else getattr(node.exc.func, "attr", "")
         if name not in INTERNAL_ERRORS:
