@@ -62,8 +62,9 @@ options:
     default: ""
   mode:
     description:
-      - V(gate) waits for readiness, then runs the smoke test. V(probe) looks once (unit state and health) and
-        never fails for an unhealthy server; it reports RV(healthy).
+      - V(gate) waits for readiness, then runs the smoke test. V(probe) looks at the unit state and the health
+        endpoints, and never fails for an unhealthy server; when the first look is not healthy it looks again after
+        O(poll_interval) before it reports RV(verdict) and RV(healthy).
     type: str
     default: gate
     choices: [gate, probe]
@@ -81,6 +82,14 @@ options:
     description: Seconds between two health polls.
     type: float
     default: 1
+  health_timeout:
+    description:
+      - Seconds one health request may take; a server that accepts the connection but answers later is RV(verdict)
+        V(slow), not V(unhealthy).
+      - V(0) means the engine's own default, 10 s for vLLM and 30 s for SGLang (whose C(/health) runs a one-token
+        generation, up to 20 s under load).
+    type: float
+    default: 0
   request_timeout:
     description: Seconds one completion or C(/v1/models) request may take.
     type: float
@@ -185,8 +194,19 @@ healthy:
   returned: always
   type: bool
   sample: true
+verdict:
+  description:
+    - What the last look found. V(healthy) (the health endpoints answered 200), V(slow) (the server accepted the
+      connection but did not answer within O(health_timeout); in probe mode, on both looks) or V(unhealthy)
+      (connection refused, an HTTP error status, the unit down, another process on the port). Only an unhealthy
+      server needs a reset.
+  returned: always
+  type: str
+  sample: healthy
 last_seen:
-  description: What the last poll saw, for example C(connection refused), C(HTTP 503) or C(HTTP 200).
+  description:
+    - What the last look saw, in words, for example C(connection refused), C(/health HTTP 503), C(HTTP 200) or
+      C(/health accepted the connection but gave no answer within 10 s).
   returned: always
   type: str
   sample: connection refused
@@ -272,7 +292,8 @@ from ansible.module_utils.urls import open_url
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
                    "ExecMainStatus", "ExecMainStartTimestampMonotonic")
-PROBE_TIMEOUT_S = 5
+# A health request's own bound: SGLang's /health runs a one-token generation, up to 20 s under load.
+DEFAULT_HEALTH_TIMEOUT_S = {"vllm": 10.0, "sglang": 30.0}
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 VLLM_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
@@ -336,21 +357,30 @@ def seen_error(exc, timeout):
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused"
     if isinstance(reason, (socket.timeout, TimeoutError)):
-        return "no answer within %s s" % timeout
+        return "no connection within %s s" % timeout
     return str(reason) or type(reason).__name__
 
 
-def probe(base, engine, api_key):
-    """(healthy, what was seen)."""
+def health_timeout(params):
+    return params["health_timeout"] or DEFAULT_HEALTH_TIMEOUT_S[params["engine"]]
+
+
+def probe(base, engine, api_key, timeout):
+    """(verdict, what was seen): healthy (every health endpoint answered 200), slow (one
+    accepted the connection but gave no answer within timeout) or unhealthy."""
     paths = ["/health", "/ready"] if engine == "sglang" else ["/health"]
     for path in paths:
         try:
-            status, dummy = request(base + path, api_key, PROBE_TIMEOUT_S)
-        except (URLError, OSError, HTTPException) as exc:
-            return False, seen_error(exc, PROBE_TIMEOUT_S)
+            status, dummy = request(base + path, api_key, timeout)
+        except URLError as exc:  # urllib wraps what happens before the request is sent: no connection
+            return "unhealthy", seen_error(exc, timeout)
+        except (socket.timeout, TimeoutError):  # raised bare while waiting for the answer
+            return "slow", "%s accepted the connection but gave no answer within %s s" % (path, timeout)
+        except (OSError, HTTPException) as exc:
+            return "unhealthy", seen_error(exc, timeout)
         if status != 200:
-            return False, "%s HTTP %d" % (path, status)
-    return True, "HTTP 200"
+            return "unhealthy", "%s HTTP %d" % (path, status)
+    return "healthy", "HTTP 200"
 
 
 def wait_healthy(module, params, baseline):
@@ -364,7 +394,8 @@ def wait_healthy(module, params, baseline):
     polls = 0
     state = {}
     while True:
-        healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
+        verdict, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"], health_timeout(params))
+        healthy = verdict == "healthy"
         seen_at = time.monotonic()
         polls += 1
         if params["unit"]:
@@ -378,22 +409,33 @@ def wait_healthy(module, params, baseline):
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
         if healthy or seen_at >= deadline:
-            return healthy, seen, state, baseline, polls, seen_at
+            return verdict, seen, state, baseline, polls, seen_at
         next_poll = started + polls * params["poll_interval"]
         time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
 
 
 def look(module, params):
-    """One look for the probe mode: is the unit running and does the server answer?"""
-    result = {"changed": False, "polls": 1}
+    """Probe mode: is the unit running and does the server answer? A second look, after
+    poll_interval, before any verdict but healthy: slow means slow on both looks."""
+    result = {"changed": False, "polls": 0}
     if params["unit"]:
         state = unit_state(module, params["unit"])
         result["unit"] = state
         if state["ActiveState"] != "active":
             died = death(state, {}) or "is %s (%s)" % (state["ActiveState"], state["SubState"])
-            return dict(result, state="unhealthy", healthy=False, last_seen="unit %s %s" % (params["unit"], died))
-    healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
-    return dict(result, state="ready" if healthy else "unhealthy", healthy=healthy, last_seen=seen)
+            return dict(result, state="unhealthy", healthy=False, verdict="unhealthy",
+                        last_seen="unit %s %s" % (params["unit"], died))
+    looks = []
+    while len(looks) < 2 and (not looks or looks[-1][0] != "healthy"):
+        if looks:
+            time.sleep(params["poll_interval"])
+        looks.append(probe(params["url"].rstrip("/"), params["engine"], params["api_key"], health_timeout(params)))
+    verdict, seen = looks[-1]
+    if verdict == "slow" and looks[0][0] != "slow":
+        verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
+    healthy = verdict == "healthy"
+    return dict(result, polls=len(looks), state="ready" if healthy else "unhealthy", healthy=healthy,
+                verdict=verdict, last_seen=seen)
 
 
 def smoke(params):
@@ -495,6 +537,7 @@ def main():
             "timeout": {"type": "int", "default": 3600},
             "progress_interval": {"type": "int", "default": 30},
             "poll_interval": {"type": "float", "default": 1},
+            "health_timeout": {"type": "float", "default": 0},
             "request_timeout": {"type": "float", "default": 120},
             "prompt": {"type": "str", "default": "The capital of France is"},
             "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
@@ -512,7 +555,7 @@ def main():
     )
     params = module.params
     problems = []
-    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0)):
+    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0)):
         value = params[name]
         if not math.isfinite(value) or value < low:
             problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
@@ -526,8 +569,9 @@ def main():
     try:
         if params["mode"] == "probe":
             module.exit_json(**look(module, params))
-        healthy, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
-        result.update(healthy=healthy, last_seen=seen, polls=polls)
+        verdict, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
+        healthy = verdict == "healthy"
+        result.update(healthy=healthy, verdict=verdict, last_seen=seen, polls=polls)
         if params["unit"]:
             result.update(unit=state, baseline=baseline)
         if not healthy:
