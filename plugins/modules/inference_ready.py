@@ -44,9 +44,22 @@ options:
     required: true
     choices: [vllm, sglang]
   url:
-    description: The server's base URL as the host reaches it, for example C(http://127.0.0.1:8000).
+    description:
+      - The server's base URL as the host reaches it, C(http(s\)://host[:port][/root/path]), for example
+        C(http://127.0.0.1:8000); with a root path (an engine served under one) the gate requests C(<url>/health) and
+        so on.
+      - The host must be a host name or an IP address (IPv6 in brackets). A URL with a user name (C(user@host)), a
+        query, a fragment, spaces or backslashes is refused before any request, so the API key goes nowhere else.
     type: str
     required: true
+  validate_certs:
+    description: With an C(https) O(url), whether the server's certificate must be valid for its host name.
+    type: bool
+    default: true
+  ca_path:
+    description: With an C(https) O(url), a file of CA certificates to trust instead of the system's. Empty means the system's.
+    type: str
+    default: ""
   unit:
     description:
       - The server's systemd unit, watched while waiting. Empty means none (a server started some other way).
@@ -279,6 +292,7 @@ journal:
   sample: ["torch.OutOfMemoryError: CUDA out of memory.", "inference-server.service: Main process exited, code=exited, status=1/FAILURE"]
 """
 
+import ipaddress
 import json
 import math
 import re
@@ -286,6 +300,7 @@ import socket
 import time
 from http.client import HTTPException
 from urllib.error import HTTPError, URLError
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
@@ -299,12 +314,41 @@ VLLM_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:
                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
 
 
+HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+ROOT_PATH = re.compile(r"^(/[A-Za-z0-9._~%+-]+)*/?$")
+URL_FORM = "url must be http(s)://host[:port][/root/path]"
+
+
 class GateError(Exception):
     """The server or its unit failed; the message is for the user."""
 
     def __init__(self, msg, **result):
         super().__init__(msg)
         self.result = result
+
+
+def parse_url(url):
+    """(base URL with no trailing slash, port) or raise ValueError with the sentence.
+
+    The host must be an IP literal or a host name, with no user information: in
+    http://127.0.0.1@node2:18000 the host is node2, which would receive the API key."""
+    shown = re.sub(r"//[^/]*@", "//...@", url)  # a password before @ is not echoed
+    if re.search(r"[\s\x00-\x1f\x7f\\]", url) or "@" in url.partition("://")[2].split("/", 1)[0]:
+        raise ValueError("%s with no user name, spaces or backslashes, got %r" % (URL_FORM, shown))
+    try:
+        parts = urlsplit(url)
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number from 0 to 65535, an unclosed [
+        parts, port = None, None
+    host = parts.hostname or "" if parts else ""
+    try:  # an IP literal: IPv6 in brackets, IPv4 without
+        good_host = ipaddress.ip_address(host).version == (6 if "[" in parts.netloc else 4)
+    except ValueError:
+        good_host = bool(HOST_NAME.match(host)) and "[" not in parts.netloc
+    if not good_host or parts.scheme not in ("http", "https") or not port or "?" in url or "#" in url \
+            or not ROOT_PATH.match(parts.path):
+        raise ValueError("%s (a host name or IP address, no query), got %r" % (URL_FORM, shown))
+    return "%s://%s%s" % (parts.scheme, parts.netloc, parts.path.rstrip("/")), port
 
 
 def unit_state(module, unit):
@@ -336,17 +380,19 @@ def death(state, baseline):
     return None
 
 
-def request(url, api_key, timeout, data=None):
-    """(HTTP status, body) or raises URLError/socket errors; HTTP errors return their status."""
+def request(params, path, timeout, data=None):
+    """(HTTP status, body) of path under the base URL, or raises URLError/socket errors; HTTP
+    errors return their status."""
     headers = {"Accept": "application/json"}
-    if api_key:
-        headers["Authorization"] = "Bearer " + api_key
+    if params["api_key"]:
+        headers["Authorization"] = "Bearer " + params["api_key"]
     if data is not None:
         headers["Content-Type"] = "application/json"
         data = json.dumps(data)
     try:
-        response = open_url(url, method="POST" if data is not None else "GET", data=data, headers=headers,
-                            timeout=timeout, use_proxy=False, follow_redirects="none")
+        response = open_url(params["base"] + path, method="POST" if data is not None else "GET", data=data,
+                            headers=headers, timeout=timeout, use_proxy=False, follow_redirects="none",
+                            validate_certs=params["validate_certs"], ca_path=params["ca_path"] or None)
         return response.getcode(), response.read()
     except HTTPError as exc:
         return exc.code, exc.read() if hasattr(exc, "read") else b""
@@ -365,13 +411,13 @@ def health_timeout(params):
     return params["health_timeout"] or DEFAULT_HEALTH_TIMEOUT_S[params["engine"]]
 
 
-def probe(base, engine, api_key, timeout):
+def probe(params, timeout):
     """(verdict, what was seen): healthy (every health endpoint answered 200), slow (one
     accepted the connection but gave no answer within timeout) or unhealthy."""
-    paths = ["/health", "/ready"] if engine == "sglang" else ["/health"]
+    paths = ["/health", "/ready"] if params["engine"] == "sglang" else ["/health"]
     for path in paths:
         try:
-            status, dummy = request(base + path, api_key, timeout)
+            status, dummy = request(params, path, timeout)
         except URLError as exc:  # urllib wraps what happens before the request is sent: no connection
             return "unhealthy", seen_error(exc, timeout)
         except (socket.timeout, TimeoutError):  # raised bare while waiting for the answer
@@ -394,7 +440,7 @@ def wait_healthy(module, params, baseline):
     polls = 0
     state = {}
     while True:
-        verdict, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"], health_timeout(params))
+        verdict, seen = probe(params, health_timeout(params))
         healthy = verdict == "healthy"
         seen_at = time.monotonic()
         polls += 1
@@ -429,7 +475,7 @@ def look(module, params):
     while len(looks) < 2 and (not looks or looks[-1][0] != "healthy"):
         if looks:
             time.sleep(params["poll_interval"])
-        looks.append(probe(params["url"].rstrip("/"), params["engine"], params["api_key"], health_timeout(params)))
+        looks.append(probe(params, health_timeout(params)))
     verdict, seen = looks[-1]
     if verdict == "slow" and looks[0][0] != "slow":
         verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
@@ -440,10 +486,9 @@ def look(module, params):
 
 def smoke(params):
     """/v1/models lists the served name; real completions return text."""
-    base = params["url"].rstrip("/")
     timeout = params["request_timeout"]
     try:
-        status, body = request(base + "/v1/models", params["api_key"], timeout)
+        status, body = request(params, "/v1/models", timeout)
         if status != 200:
             raise GateError("GET /v1/models answered HTTP %d: %s" % (status, body[:300].decode("utf-8", "replace")))
         models = [entry.get("id") for entry in json.loads(body).get("data", [])]
@@ -453,7 +498,7 @@ def smoke(params):
         times, texts = [], []
         for dummy in range(params["completions"]):
             started = time.monotonic()
-            status, body = request(base + "/v1/completions", params["api_key"], timeout, data={
+            status, body = request(params, "/v1/completions", timeout, data={
                 "model": params["served_name"], "prompt": params["prompt"], "max_tokens": params["max_tokens"],
                 "temperature": 0})
             times.append(round((time.monotonic() - started) * 1000, 1))
@@ -497,7 +542,7 @@ def counter(values, name):
 
 def speculation(params):
     try:
-        status, body = request(params["url"].rstrip("/") + "/metrics", params["api_key"], params["request_timeout"])
+        status, body = request(params, "/metrics", params["request_timeout"])
     except (URLError, OSError, HTTPException) as exc:
         return {"available": False, "note": "/metrics: %s" % seen_error(exc, params["request_timeout"])}
     if status != 200:
@@ -550,6 +595,8 @@ def main():
             "wait": {"type": "float", "default": 0},
             "baseline": {"type": "dict", "default": {}},
             "with_journal": {"type": "bool", "default": False},
+            "validate_certs": {"type": "bool", "default": True},
+            "ca_path": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -561,8 +608,10 @@ def main():
             problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
     if params["completions"] < 1 or params["max_tokens"] < 1 or params["journal_lines"] < 1:
         problems.append("completions, max_tokens and journal_lines must be 1 or more")
-    if not re.match(r"^https?://[^/\s]+/?$", params["url"]):
-        problems.append("url must be http(s)://host:port, got %r" % params["url"])
+    try:
+        params["base"], params["port"] = parse_url(params["url"])
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
         module.fail_json(msg="; ".join(problems))
     result = {"changed": False}

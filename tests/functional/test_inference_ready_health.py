@@ -3,6 +3,11 @@ run as real processes on 127.0.0.1: a slow answer is not a dead server, and the 
 is the only place a request goes."""
 from __future__ import annotations
 
+import socket
+import subprocess
+
+import pytest
+
 from tests.functional.fake_engines import fake_engine, serving
 from tests.run_module import run_module
 
@@ -42,3 +47,73 @@ def test_gate_mode_waits_through_a_slow_health_answer():
         # Gate mode: a slow health answer is "not ready yet", polled again, never a failure.
         result = look(port, mode="gate", health_timeout=0.2, wait=0.5)
     assert result["rc"] == 0 and result["state"] == "waiting" and result["verdict"] == "slow", result
+
+
+@pytest.fixture
+def recorder():
+    """A listening socket on 127.0.0.1 that nothing should reach; yields (port, connections)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+
+        def connections():
+            listener.setblocking(False)
+            found = 0
+            while True:  # every connection the kernel completed for us, whether accepted or not
+                try:
+                    listener.accept()[0].close()
+                except BlockingIOError:
+                    return found
+                found += 1
+        yield listener.getsockname()[1], connections
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:1@127.0.0.1:{port}",  # the Bearer key would go to the host after @
+    "http://user:pass@127.0.0.1:{port}",
+    "http://127.0.0.1:{port}#frag",
+    "http://127.0.0.1:{port}/root?x=1",
+    "http://127.0.0.1:{port}/ root",
+    "http://127.0.0.1:{port}\\@127.0.0.1",
+    "http://127.0.0.1_x:{port}",
+    "http://127.0.0.1:{port}:{port}",
+    "ftp://127.0.0.1:{port}",
+])
+def test_a_url_that_does_not_parse_as_host_port_and_path_sends_nothing(recorder, url):
+    port, connections = recorder
+    url = url.format(port=port)
+    for mode in ("gate", "probe"):
+        result = look(port, url=url, mode=mode, api_key="k3y", wait=0.3)
+        assert result["rc"] == 1 and result["msg"].startswith("url must be http(s)://host[:port][/root/path]"), result
+        assert "pass" not in result["msg"] and "k3y" not in str(result)
+    assert connections() == 0
+
+
+def test_a_server_under_a_root_path_is_gated_there():
+    routes = {"/serve/llama" + path: route for path, route in serving().items()}
+    with fake_engine(routes) as port:
+        result = look(port, url="http://127.0.0.1:%d/serve/llama/" % port, mode="gate", wait=5, completions=1)
+    assert result["rc"] == 0 and result["state"] == "ready" and result["models"] == ["llama"], result
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1: (cert, key)."""
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def test_https_checks_the_certificate_unless_told_which_ca_or_not_to(certificate):
+    cert, key = certificate
+    with fake_engine(serving(), tls={"cert": cert, "key": key}) as port:
+        url = "https://127.0.0.1:%d" % port
+        refused = look(port, url=url)
+        trusted = look(port, url=url, ca_path=cert)
+        unchecked = look(port, url=url, validate_certs=False)
+    assert refused["rc"] == 0 and refused["verdict"] == "unhealthy", refused
+    assert "CERTIFICATE_VERIFY_FAILED" in refused["last_seen"] or "certificate" in refused["last_seen"]
+    assert trusted["verdict"] == "healthy" and unchecked["verdict"] == "healthy", (trusted, unchecked)
