@@ -484,14 +484,39 @@ def look(module, params):
                 verdict=verdict, last_seen=seen)
 
 
+def excerpt(body, limit=300):
+    """The start of an answer's body, to quote in a message."""
+    return body.decode("utf-8", "replace")[:limit]
+
+
+def model_ids(document):
+    """The ids of an OpenAI model list ({"data": [{"id": ...}, ...]}), or None when it is not one."""
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list) or not all(isinstance(entry, dict) and isinstance(entry.get("id"), str)
+                                             for entry in data):
+        return None
+    return [entry["id"] for entry in data]
+
+
+def completion_text(document):
+    """The first choice's text of an OpenAI completion, or None when the answer has none."""
+    choices = document.get("choices") if isinstance(document, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    text = choices[0].get("text")
+    return text if isinstance(text, str) else None
+
+
 def smoke(params):
     """/v1/models lists the served name; real completions return text."""
     timeout = params["request_timeout"]
     try:
         status, body = request(params, "/v1/models", timeout)
         if status != 200:
-            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, body[:300].decode("utf-8", "replace")))
-        models = [entry.get("id") for entry in json.loads(body).get("data", [])]
+            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, excerpt(body)))
+        models = model_ids(json.loads(body))
+        if models is None:
+            raise GateError("GET /v1/models answered JSON that is not a list of models: %s" % excerpt(body))
         if params["served_name"] not in models:
             raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], models),
                             models=models)
@@ -503,18 +528,18 @@ def smoke(params):
                 "temperature": 0})
             times.append(round((time.monotonic() - started) * 1000, 1))
             if status != 200:
-                raise GateError("POST /v1/completions answered HTTP %d: %s"
-                                % (status, body[:300].decode("utf-8", "replace")), models=models)
-            choices = json.loads(body).get("choices") or [{}]
-            text = choices[0].get("text") or ""
-            if not text.strip():
-                raise GateError("POST /v1/completions returned no text: %s" % body[:300].decode("utf-8", "replace"),
+                raise GateError("POST /v1/completions answered HTTP %d: %s" % (status, excerpt(body)), models=models)
+            text = completion_text(json.loads(body))
+            if text is None:
+                raise GateError("POST /v1/completions answered JSON without a text choice: %s" % excerpt(body),
                                 models=models)
+            if not text.strip():
+                raise GateError("POST /v1/completions returned no text: %s" % excerpt(body), models=models)
             texts.append(text)
     except (URLError, OSError, HTTPException) as exc:
         raise GateError("the server stopped answering during the smoke test: %s" % seen_error(exc, timeout))
-    except ValueError as exc:
-        raise GateError("the server answered something that is not the OpenAI JSON: %s" % exc)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested deeper than the parser goes
+        raise GateError("the server answered something that is not the OpenAI JSON: %s" % str(exc)[:300])
     return {"models": models, "first_completion_ms": times[0] if times else None, "completions_ms": times,
             "completion": texts[0][:200] if texts else ""}
 
@@ -540,7 +565,38 @@ def counter(values, name):
     return sum(found) if found else None
 
 
+def impossible_counts(counts):
+    """Why vLLM's spec decode counters cannot be true, or None: each must be a finite count of
+    at least 0, no more tokens accepted than drafted, and each draft at least one token."""
+    for key, value in counts.items():
+        if value is not None and not math.isfinite(value):
+            return "/metrics reports %s as %s, not a finite number" % (VLLM_COUNTERS[key], value)
+        if value is not None and value < 0:
+            return "/metrics reports a negative %s (%s)" % (VLLM_COUNTERS[key], value)
+    if counts["accepted_tokens"] > counts["draft_tokens"]:
+        return "/metrics reports more accepted than drafted tokens (%s accepted of %s), which cannot be" % (
+            counts["accepted_tokens"], counts["draft_tokens"])
+    if counts["drafts"] is not None and counts["drafts"] > counts["draft_tokens"]:
+        return "/metrics reports fewer drafted tokens than drafts (%s tokens in %s drafts), which cannot be" % (
+            counts["draft_tokens"], counts["drafts"])
+    return None
+
+
+def impossible_gauges(rates, lengths):
+    """Why SGLang's acceptance gauges cannot be true, or None: a rate is from 0 to 1, a mean
+    acceptance length (with the bonus token) at least 1."""
+    for rate in rates:
+        if not (math.isfinite(rate) and 0 <= rate <= 1):
+            return "/metrics reports sglang:spec_accept_rate %s, not a rate from 0 to 1" % rate
+    for length in lengths:
+        if not (math.isfinite(length) and length >= 1):
+            return "/metrics reports sglang:spec_accept_length %s, not a length of 1 or more" % length
+    return None
+
+
 def speculation(params):
+    """The acceptance read back from /metrics; unknown (available false, with a note) rather
+    than a figure the metrics cannot support."""
     try:
         status, body = request(params, "/metrics", params["request_timeout"])
     except (URLError, OSError, HTTPException) as exc:
@@ -552,15 +608,21 @@ def speculation(params):
         counts = {key: counter(values, name) for key, name in VLLM_COUNTERS.items()}
         if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
             return {"available": False, "note": "/metrics has no vllm:spec_decode_* counters (is --disable-log-stats set?)"}
+        impossible = impossible_counts(counts)
+        if impossible:
+            return {"available": False, "note": impossible}
         rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else None
         length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
         result = dict({key: int(value or 0) for key, value in counts.items()}, source="vllm:spec_decode_* counters")
     else:
-        rates = [v for v in values.get("sglang:spec_accept_rate", []) if math.isfinite(v)]
-        lengths = [v for v in values.get("sglang:spec_accept_length", []) if math.isfinite(v)]
         if "sglang:spec_accept_rate" not in values:
             return {"available": False, "note": "/metrics has no sglang:spec_accept_rate"}
-        rate = sum(rates) / len(rates) if rates else None
+        rates = values["sglang:spec_accept_rate"]
+        lengths = values.get("sglang:spec_accept_length", [])
+        impossible = impossible_gauges(rates, lengths)
+        if impossible:
+            return {"available": False, "note": impossible}
+        rate = sum(rates) / len(rates)
         length = sum(lengths) / len(lengths) if lengths else None
         result = {"source": "sglang:spec_accept_rate and sglang:spec_accept_length gauges"}
     result.update(available=True, acceptance_rate=None if rate is None else round(rate, 4),
