@@ -70,9 +70,20 @@ options:
     type: str
     required: true
   api_key:
-    description: "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
+    description:
+      - "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
+      - Hidden, like O(secrets), in every form, in everything the module returns.
     type: str
     default: ""
+  secrets:
+    description:
+      - More secrets (an admin key, a token in the environment) to hide, like O(api_key), in everything the module
+        returns (messages, journal lines, quoted answers, RV(last_seen)).
+      - Each is hidden as it is and in the forms engines and tools print it, a Python repr (SGLang logs its
+        arguments so), JSON, shell quoting and URL encoding, replaced by C(********).
+    type: list
+    elements: str
+    default: []
   mode:
     description:
       - V(gate) waits for readiness, then runs the smoke test. V(probe) looks at the unit state and the health
@@ -304,6 +315,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
                    "ExecMainStatus", "ExecMainStartTimestampMonotonic")
@@ -484,9 +496,10 @@ def look(module, params):
                 verdict=verdict, last_seen=seen)
 
 
-def excerpt(body, limit=300):
-    """The start of an answer's body, to quote in a message."""
-    return body.decode("utf-8", "replace")[:limit]
+def excerpt(body, mask, limit=300):
+    """The start of an answer's body, to quote in a message; masked before it is cut, so that
+    no piece of a secret is left at the cut."""
+    return mask(body.decode("utf-8", "replace"))[:limit]
 
 
 def model_ids(document):
@@ -507,16 +520,16 @@ def completion_text(document):
     return text if isinstance(text, str) else None
 
 
-def smoke(params):
+def smoke(params, mask):
     """/v1/models lists the served name; real completions return text."""
     timeout = params["request_timeout"]
     try:
         status, body = request(params, "/v1/models", timeout)
         if status != 200:
-            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, excerpt(body)))
+            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, excerpt(body, mask)))
         models = model_ids(json.loads(body))
         if models is None:
-            raise GateError("GET /v1/models answered JSON that is not a list of models: %s" % excerpt(body))
+            raise GateError("GET /v1/models answered JSON that is not a list of models: %s" % excerpt(body, mask))
         if params["served_name"] not in models:
             raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], models),
                             models=models)
@@ -528,20 +541,20 @@ def smoke(params):
                 "temperature": 0})
             times.append(round((time.monotonic() - started) * 1000, 1))
             if status != 200:
-                raise GateError("POST /v1/completions answered HTTP %d: %s" % (status, excerpt(body)), models=models)
+                raise GateError("POST /v1/completions answered HTTP %d: %s" % (status, excerpt(body, mask)), models=models)
             text = completion_text(json.loads(body))
             if text is None:
-                raise GateError("POST /v1/completions answered JSON without a text choice: %s" % excerpt(body),
+                raise GateError("POST /v1/completions answered JSON without a text choice: %s" % excerpt(body, mask),
                                 models=models)
             if not text.strip():
-                raise GateError("POST /v1/completions returned no text: %s" % excerpt(body), models=models)
+                raise GateError("POST /v1/completions returned no text: %s" % excerpt(body, mask), models=models)
             texts.append(text)
     except (URLError, OSError, HTTPException) as exc:
         raise GateError("the server stopped answering during the smoke test: %s" % seen_error(exc, timeout))
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested deeper than the parser goes
         raise GateError("the server answered something that is not the OpenAI JSON: %s" % str(exc)[:300])
     return {"models": models, "first_completion_ms": times[0] if times else None, "completions_ms": times,
-            "completion": texts[0][:200] if texts else ""}
+            "completion": mask(texts[0])[:200] if texts else ""}
 
 
 def parse_metrics(text):
@@ -640,6 +653,7 @@ def main():
             "unit": {"type": "str", "default": ""},
             "served_name": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "mode": {"type": "str", "default": "gate", "choices": ["gate", "probe"]},
             "timeout": {"type": "int", "default": 3600},
             "progress_interval": {"type": "int", "default": 30},
@@ -663,6 +677,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    mask = Masker(list(params["secrets"]) + [params["api_key"]])
     problems = []
     for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0)):
         value = params[name]
@@ -675,11 +690,11 @@ def main():
     except ValueError as exc:
         problems.append(str(exc))
     if problems:
-        module.fail_json(msg="; ".join(problems))
+        module.fail_json(msg=mask("; ".join(problems)))
     result = {"changed": False}
     try:
         if params["mode"] == "probe":
-            module.exit_json(**look(module, params))
+            module.exit_json(**mask(look(module, params)))
         verdict, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
         healthy = verdict == "healthy"
         result.update(healthy=healthy, verdict=verdict, last_seen=seen, polls=polls)
@@ -689,18 +704,18 @@ def main():
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:
                 result["journal"] = journal(module, params["unit"], params["journal_lines"])
-            module.exit_json(**result)
+            module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
         started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
         if params["started"] and started > 0:
             result["ready_s"] = round(ready_at - started, 2)
-        result.update(smoke(params))
+        result.update(smoke(params, mask))
         if params["speculative"]:
             result["speculation"] = speculation(params)
     except GateError as exc:
         result.update(exc.result)
-        module.fail_json(msg=str(exc), **result)
-    module.exit_json(**result)
+        module.fail_json(msg=mask(str(exc)), **mask(result))
+    module.exit_json(**mask(result))
 
 
 if __name__ == "__main__":
