@@ -15,6 +15,13 @@ description:
     200). Connection refused is normal while a model loads, since neither engine listens before it is ready.
   - With O(unit), reads the unit's state on every poll and fails at once, with the unit's last journal lines, when it
     dies, stops or restarts (C(NRestarts) or C(InvocationID) changes) instead of waiting for the deadline.
+  - With O(unit), an answer counts only when every process listening on the O(url)'s port (read from C(/proc/net/tcp),
+    C(/proc/net/tcp6) and the processes' descriptors) belongs to the unit's control group or one below it: another
+    server on the port fails the gate, naming it (RV(port_holder)), and so does a listener whose process cannot be
+    seen. O(url) must then reach the server on this host.
+  - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
+    seconds after the server first answered. Every failure with O(unit) returns the journal lines of the invocation
+    that was gated only (its C(InvocationID)), not of earlier runs.
   - Once healthy, checks that C(/v1/models) lists O(served_name), sends O(completions) real completions (with
     O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
@@ -149,6 +156,12 @@ options:
         to readiness, reported.
     type: bool
     default: false
+  stable_s:
+    description:
+      - With O(unit), seconds after the server first answered at which the unit is read again, after the smoke test;
+        a unit that died, restarted or is not active then fails the gate.
+    type: float
+    default: 5
   journal_lines:
     description: How many of the unit's last journal lines a failure shows.
     type: int
@@ -238,7 +251,8 @@ unit:
   description: The unit's state at the last poll (C(systemctl show) properties).
   returned: when O(unit) is set
   type: dict
-  sample: {"ActiveState": "active", "SubState": "running", "MainPID": "4242", "NRestarts": "0"}
+  sample: {"ActiveState": "active", "SubState": "running", "MainPID": "4242", "NRestarts": "0",
+           "ControlGroup": "/system.slice/vllm.service"}
 baseline:
   description: The unit's C(InvocationID) and C(NRestarts) when the wait began.
   returned: when O(unit) is set
@@ -295,8 +309,15 @@ speculation:
   type: dict
   sample: {"available": true, "acceptance_rate": 0.71, "mean_acceptance_length": 3.13, "drafts": 120,
            "draft_tokens": 360, "accepted_tokens": 255, "source": "vllm:spec_decode_* counters"}
+port_holder:
+  description: The process that listens on the O(url)'s port and is not a process of O(unit) (its C(pid), C(name), C(cgroup)).
+  returned: when O(unit) is set and another process listens on the port
+  type: dict
+  sample: {"pid": 123, "name": "python3 foreign.py", "cgroup": "/user.slice/user-1000.slice/session-3.scope"}
 journal:
-  description: The unit's last journal lines, when it died or the wait ran out.
+  description:
+    - The last journal lines of the invocation of the unit that was gated (C(journalctl _SYSTEMD_INVOCATION_ID=<id> +
+      INVOCATION_ID=<id>); the unit's when it had none), on a failure or when the wait ran out.
   returned: when the unit died, or on request
   type: list
   elements: str
@@ -315,10 +336,12 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
-                   "ExecMainStatus", "ExecMainStartTimestampMonotonic")
+                   "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ControlGroup")
+INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 # A health request's own bound: SGLang's /health runs a one-token generation, up to 20 s under load.
 DEFAULT_HEALTH_TIMEOUT_S = {"vllm": 10.0, "sglang": 30.0}
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
@@ -372,9 +395,18 @@ def unit_state(module, unit):
     return {key: state.get(key, "") for key in UNIT_PROPERTIES}
 
 
-def journal(module, unit, lines):
-    rc, out, dummy = module.run_command(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager",
-                                         "--output", "cat"])
+def journal_argv(unit, invocation_id, lines):
+    """journalctl's command for the lines of one invocation of the unit: the service's own lines
+    carry _SYSTEMD_INVOCATION_ID=, PID 1's messages about it INVOCATION_ID=. Lines of earlier runs
+    would mislead, so the whole unit only when there is no invocation id."""
+    argv = ["journalctl", "--no-pager", "--output", "cat", "--lines", str(lines)]
+    if INVOCATION_ID.match(invocation_id or ""):
+        return argv + ["_SYSTEMD_INVOCATION_ID=" + invocation_id, "+", "INVOCATION_ID=" + invocation_id]
+    return argv + ["--unit", unit]
+
+
+def journal(module, unit, invocation_id, lines):
+    rc, out, dummy = module.run_command(journal_argv(unit, invocation_id, lines))
     return out.splitlines()[-lines:] if rc == 0 else []
 
 
@@ -390,6 +422,43 @@ def death(state, baseline):
     if int(state["NRestarts"] or 0) > int(baseline.get("n_restarts", 0)):
         return "restarted (NRestarts %s)" % state["NRestarts"]
     return None
+
+
+def unstable(state, baseline):
+    """Why the unit, once ready, is no longer the same running invocation, or None."""
+    why = death(state, baseline)
+    if why is None and state["ActiveState"] != "active":
+        why = "is %s (%s), not active" % (state["ActiveState"], state["SubState"])
+    return why
+
+
+def within(cgroup, unit_cgroup):
+    return cgroup == unit_cgroup or cgroup.startswith(unit_cgroup.rstrip("/") + "/")
+
+
+def port_problem(port, unit, unit_cgroup, found):
+    """(sentence, the foreign holder or None) when the answer on port is not proven to come from
+    the unit, else (None, None). found is _listeners.listeners(port): every process that holds
+    a listening socket of the port must be in the unit's control group or one below it; a socket
+    no process is seen holding proves nothing."""
+    cannot = "cannot prove that unit %s answers on port %d: %%s" % (unit, port)
+    if not unit_cgroup:
+        return cannot % "systemd gives the unit no control group", None
+    for holders in found["sockets"].values():
+        for holder in holders:
+            if not within(holder["cgroup"], unit_cgroup):
+                return ("port %d is held by pid %d (%s), which is not a process of unit %s (its control group is %s, "
+                        "the unit's is %s): another server answers in its place"
+                        % (port, holder["pid"], holder["name"], unit, holder["cgroup"] or "unknown", unit_cgroup),
+                        holder)
+    if not found["sockets"]:
+        return cannot % "no process is seen listening on it", None
+    if not all(found["sockets"].values()):
+        if found["unreadable"]:
+            return cannot % ("the descriptors of pid %s cannot be read, and no other process is seen holding its "
+                             "socket" % ", ".join(str(pid) for pid in found["unreadable"])), None
+        return cannot % "no process is seen holding its socket", None
+    return None, None
 
 
 def request(params, path, timeout, data=None):
@@ -462,10 +531,15 @@ def wait_healthy(module, params, baseline):
                 baseline = {"invocation_id": state["InvocationID"], "n_restarts": int(state["NRestarts"] or 0)}
             died = death(state, baseline)
             if died:
-                lines = journal(module, params["unit"], params["journal_lines"])
+                lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
                 raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
+            if healthy:  # the answer counts only if it comes from the unit
+                foreign, holder = port_problem(params["port"], params["unit"], state["ControlGroup"],
+                                               listeners(params["port"]))
+                if foreign:
+                    raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
         if healthy or seen_at >= deadline:
             return verdict, seen, state, baseline, polls, seen_at
         next_poll = started + polls * params["poll_interval"]
@@ -491,6 +565,13 @@ def look(module, params):
     verdict, seen = looks[-1]
     if verdict == "slow" and looks[0][0] != "slow":
         verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
+    if verdict != "unhealthy" and params["unit"]:  # something answers: is it the unit?
+        foreign, holder = port_problem(params["port"], params["unit"], result["unit"]["ControlGroup"],
+                                       listeners(params["port"]))
+        if foreign:
+            verdict, seen = "unhealthy", foreign
+            if holder:
+                result["port_holder"] = holder
     healthy = verdict == "healthy"
     return dict(result, polls=len(looks), state="ready" if healthy else "unhealthy", healthy=healthy,
                 verdict=verdict, last_seen=seen)
@@ -645,6 +726,37 @@ def speculation(params):
     return result
 
 
+def stay(module, params, baseline, ready_at, result):
+    """The unit must still run the invocation that answered, stable_s after it first did: an
+    engine that crashes under its first requests is not ready."""
+    time.sleep(max(0.0, ready_at + params["stable_s"] - time.monotonic()))
+    state = unit_state(module, params["unit"])
+    result["unit"] = state
+    why = unstable(state, baseline)
+    if why:
+        lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+        raise GateError("unit %s %s after the server answered; the journal lines of the invocation that answered:\n%s"
+                        % (params["unit"], why, "\n".join(lines) or "(none)"), journal=lines)
+
+
+def unit_after_failure(module, params, result):
+    """What the unit did, for a failure that is not about the unit (a completion that got no
+    answer): its state, into the message, and the gated invocation's journal, into result."""
+    baseline = result.get("baseline") or params["baseline"] or {}
+    result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+    said = ""
+    try:
+        state = unit_state(module, params["unit"])
+        result["unit"] = state
+        why = unstable(state, baseline)
+        if why:
+            said = "; unit %s %s" % (params["unit"], why)
+    except GateError:
+        pass  # systemd does not answer: the failure already says what the server did
+    return said + ("; the journal lines of the gated invocation:\n%s" % "\n".join(result["journal"])
+                   if result["journal"] else "")
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -659,6 +771,7 @@ def main():
             "progress_interval": {"type": "int", "default": 30},
             "poll_interval": {"type": "float", "default": 1},
             "health_timeout": {"type": "float", "default": 0},
+            "stable_s": {"type": "float", "default": 5},
             "request_timeout": {"type": "float", "default": 120},
             "prompt": {"type": "str", "default": "The capital of France is"},
             "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
@@ -679,7 +792,8 @@ def main():
     params = module.params
     mask = Masker(list(params["secrets"]) + [params["api_key"]])
     problems = []
-    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0)):
+    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0),
+                      ("stable_s", 0)):
         value = params[name]
         if not math.isfinite(value) or value < low:
             problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
@@ -703,7 +817,7 @@ def main():
         if not healthy:
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:
-                result["journal"] = journal(module, params["unit"], params["journal_lines"])
+                result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
             module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
         started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
@@ -712,9 +826,14 @@ def main():
         result.update(smoke(params, mask))
         if params["speculative"]:
             result["speculation"] = speculation(params)
+        if params["unit"]:
+            stay(module, params, baseline, ready_at, result)
     except GateError as exc:
         result.update(exc.result)
-        module.fail_json(msg=mask(str(exc)), **mask(result))
+        msg = str(exc)
+        if params["unit"] and "journal" not in result:
+            msg += unit_after_failure(module, params, result)
+        module.fail_json(msg=mask(msg), **mask(result))
     module.exit_json(**mask(result))
 
 

@@ -7,7 +7,8 @@ correctly; these answer what a test asks for).
 
 A route is the full request path (query left out) and says what to answer: `status` (200),
 `json` (a value sent as JSON) or `text` (sent as it is), `content_type`, `delay` (seconds before
-the answer). Any other path answers 404. The server ends when its stdin closes, which the context
+the answer), `exit` (the process exits at once, answering nothing, as an engine that crashes).
+Any other path answers 404. The server ends when its stdin closes, which the context
 does on the way out: no test signals it. With `tls` ({"cert": path, "key": path}) it serves HTTPS.
 
     python -m tests.functional.fake_engines ROUTES_JSON [TLS_JSON]
@@ -54,6 +55,13 @@ def serving(name="llama", text=" Paris.") -> dict:
 @contextmanager
 def fake_engine(routes: dict, tls: dict | None = None):
     """Run a server with these routes; yields its port."""
+    with fake_engine_process(routes, tls) as (port, dummy):
+        yield port
+
+
+@contextmanager
+def fake_engine_process(routes: dict, tls: dict | None = None):
+    """Run a server with these routes; yields (its port, its pid)."""
     argv = [sys.executable, "-m", "tests.functional.fake_engines", json.dumps(routes)] + (
         [json.dumps(tls)] if tls else [])
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -61,7 +69,7 @@ def fake_engine(routes: dict, tls: dict | None = None):
     try:
         line = proc.stdout.readline()
         assert line.strip().isdigit(), "the fake engine did not start"
-        yield int(line)
+        yield int(line), proc.pid
     finally:
         proc.stdin.close()  # its watcher thread sees end of file and ends the process
         proc.wait(timeout=30)
@@ -81,6 +89,8 @@ def _handler(routes):
             route = routes.get(self.path.split("?", 1)[0])
             if route is None:
                 route = {"status": 404, "json": {"detail": "Not Found"}}
+            if route.get("exit"):
+                os._exit(1)
             time.sleep(route.get("delay", 0))
             if "text" in route:
                 body = route["text"].encode("utf-8")
