@@ -16,7 +16,7 @@ description:
   - With O(unit), reads the unit's state on every poll and fails at once, with the unit's last journal lines, when it
     dies, stops or restarts (C(NRestarts) or C(InvocationID) changes) instead of waiting for the deadline.
   - With O(unit), an answer counts only when every process listening on the O(url)'s port (read from C(/proc/net/tcp),
-    C(/proc/net/tcp6) and the processes' descriptors) belongs to the unit's control group or one below it: another
+    C(/proc/net/tcp6) and the processes' descriptors) belongs to the unit's control group or one below it. Another
     server on the port fails the gate, naming it (RV(port_holder)), and so does a listener whose process cannot be
     seen. O(url) must then reach the server on this host.
   - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
