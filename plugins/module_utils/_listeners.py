@@ -68,8 +68,8 @@ def cgroup_path(text):
     else systemd's hierarchy of cgroup v1 (name=systemd); '' when neither is there."""
     found = ""
     for line in text.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+        hierarchy, dummy, rest = line.partition(":")
+        controllers, dummy, path = rest.partition(":")
         if hierarchy == "0" and controllers == "":
             return path
         if controllers == "name=systemd":

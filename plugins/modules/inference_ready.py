@@ -63,10 +63,12 @@ options:
     description: With an C(https) O(url), whether the server's certificate must be valid for its host name.
     type: bool
     default: true
+    version_added: 0.2.0
   ca_path:
     description: With an C(https) O(url), a file of CA certificates to trust instead of the system's. Empty means the system's.
     type: str
     default: ""
+    version_added: 0.2.0
   unit:
     description:
       - The server's systemd unit, watched while waiting. Empty means none (a server started some other way).
@@ -91,6 +93,7 @@ options:
     type: list
     elements: str
     default: []
+    version_added: 0.2.0
   mode:
     description:
       - V(gate) waits for readiness, then runs the smoke test. V(probe) looks at the unit state and the health
@@ -121,6 +124,7 @@ options:
         generation, up to 20 s under load).
     type: float
     default: 0
+    version_added: 0.2.0
   request_timeout:
     description: Seconds one completion or C(/v1/models) request may take.
     type: float
@@ -162,6 +166,7 @@ options:
         a unit that died, restarted or is not active then fails the gate.
     type: float
     default: 5
+    version_added: 0.2.0
   journal_lines:
     description: How many of the unit's last journal lines a failure shows.
     type: int
@@ -240,6 +245,7 @@ verdict:
   returned: always
   type: str
   sample: healthy
+  version_added: 0.2.0
 last_seen:
   description:
     - What the last look saw, in words, for example C(connection refused), C(/health HTTP 503), C(HTTP 200) or
@@ -314,6 +320,7 @@ port_holder:
   returned: when O(unit) is set and another process listens on the port
   type: dict
   sample: {"pid": 123, "name": "python3 foreign.py", "cgroup": "/user.slice/user-1000.slice/session-3.scope"}
+  version_added: 0.2.0
 journal:
   description:
     - The last journal lines of the invocation of the unit that was gated (C(journalctl _SYSTEMD_INVOCATION_ID=<id> +
