@@ -377,19 +377,20 @@ def parse_url(url):
     shown = re.sub(r"//[^/]*@", "//...@", url)  # a password before @ is not echoed
     if re.search(r"[\s\x00-\x1f\x7f\\]", url) or "@" in url.partition("://")[2].split("/", 1)[0]:
         raise ValueError("%s with no user name, spaces or backslashes, got %r" % (URL_FORM, shown))
+    refused = ValueError("%s (a host name or IP address, no query), got %r" % (URL_FORM, shown))
     try:
         parts = urlsplit(url)
         port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
     except ValueError:  # a port that is not a number from 0 to 65535, an unclosed [
-        parts, port = None, None
-    host = parts.hostname or "" if parts else ""
+        raise refused from None
+    host = parts.hostname or ""
     try:  # an IP literal: IPv6 in brackets, IPv4 without
         good_host = ipaddress.ip_address(host).version == (6 if "[" in parts.netloc else 4)
     except ValueError:
         good_host = bool(HOST_NAME.match(host)) and "[" not in parts.netloc
     if not good_host or parts.scheme not in ("http", "https") or not port or "?" in url or "#" in url \
             or not ROOT_PATH.match(parts.path):
-        raise ValueError("%s (a host name or IP address, no query), got %r" % (URL_FORM, shown))
+        raise refused
     return "%s://%s%s" % (parts.scheme, parts.netloc, parts.path.rstrip("/")), port
 
 
