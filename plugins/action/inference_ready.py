@@ -19,11 +19,25 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
 display = Display()
 MODULE = "cleanslate.gpu.inference_ready"
 # Options for this plugin only; the module receives the others.
 OWN = ("timeout", "progress_interval", "min_acceptance_rate", "fail_on_degraded")
+
+
+def percentages(rate, floor):
+    """Rate and floor as percentages for a message, the rate with as many decimals as it takes
+    to show it below the floor (29.96% below 30%, not 30% below 30%), and never fewer than the
+    floor shows."""
+    floor_text = ("%.6f" % (floor * 100)).rstrip("0").rstrip(".")
+    decimals = len(floor_text.partition(".")[2])
+    rate_text = "%.*f" % (decimals, rate * 100)
+    while float(rate_text) >= float(floor_text) and decimals < 12:
+        decimals += 1
+        rate_text = "%.*f" % (decimals, rate * 100)
+    return rate_text, floor_text
 
 
 class ActionModule(ActionBase):
@@ -48,6 +62,8 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg="timeout must be 0 or more, progress_interval 1 or more and "
                                                  "min_acceptance_rate from 0 to 1")
         host = (task_vars or {}).get("inventory_hostname", "?")
+        # The module hides secrets in what it returns; this plugin prints too, so it hides them as well.
+        mask = Masker(list(args.get("secrets") or []) + [args.get("api_key") or ""])
         module_args = {key: value for key, value in args.items() if key not in OWN}
         started = time.monotonic()
         deadline = started + timeout
@@ -65,14 +81,14 @@ class ActionModule(ActionBase):
                 result.update(answer)
                 result.update(polls=polls, gate_s=round(elapsed, 2))
                 break
-            line = self._progress(host, args, answer, elapsed, timeout)
+            line = mask(self._progress(host, args, answer, elapsed, timeout))
             if time.monotonic() >= deadline:
                 result.update(answer)
                 result.update(failed=True, polls=polls, gate_s=round(elapsed, 2),
-                              msg="%s not ready after %d s (the deadline, inference_service_ready_timeout): %s%s"
-                                  % (args.get("url"), timeout, line,
-                                     "; its last journal lines:\n" + "\n".join(answer["journal"])
-                                     if answer.get("journal") else ""))
+                              msg=mask("%s not ready after %d s (the deadline, inference_service_ready_timeout): %s%s"
+                                       % (args.get("url"), timeout, line,
+                                          "; its last journal lines:\n" + "\n".join(answer["journal"])
+                                          if answer.get("journal") else "")))
                 return result
             display.display(line)
         if not result.get("failed"):
@@ -100,9 +116,9 @@ class ActionModule(ActionBase):
             result.setdefault("warnings", []).append(result["reason"])
         elif floor and rate < floor:
             result["status"] = "degraded"
-            result["reason"] = ("speculative decoding accepts %.0f%% of drafted tokens, below "
-                                "inference_service_min_acceptance_rate %.0f%%: speculation that rarely hits is "
-                                "slower than none" % (rate * 100, floor * 100))
+            result["reason"] = ("speculative decoding accepts %s%% of drafted tokens, below "
+                                "inference_service_min_acceptance_rate %s%%: speculation that rarely hits is "
+                                "slower than none" % percentages(rate, floor))
             if fail_on_degraded:
                 result.update(failed=True, msg=result["reason"])
             else:

@@ -15,6 +15,13 @@ description:
     200). Connection refused is normal while a model loads, since neither engine listens before it is ready.
   - With O(unit), reads the unit's state on every poll and fails at once, with the unit's last journal lines, when it
     dies, stops or restarts (C(NRestarts) or C(InvocationID) changes) instead of waiting for the deadline.
+  - With O(unit), an answer counts only when every process listening on the O(url)'s port (read from C(/proc/net/tcp),
+    C(/proc/net/tcp6) and the processes' descriptors) belongs to the unit's control group or one below it. Another
+    server on the port fails the gate, naming it (RV(port_holder)), and so does a listener whose process cannot be
+    seen. O(url) must then reach the server on this host.
+  - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
+    seconds after the server first answered. Every failure with O(unit) returns the journal lines of the invocation
+    that was gated only (its C(InvocationID)), not of earlier runs.
   - Once healthy, checks that C(/v1/models) lists O(served_name), sends O(completions) real completions (with
     O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
@@ -44,9 +51,24 @@ options:
     required: true
     choices: [vllm, sglang]
   url:
-    description: The server's base URL as the host reaches it, for example C(http://127.0.0.1:8000).
+    description:
+      - The server's base URL as the host reaches it, C(http(s\)://host[:port][/root/path]), for example
+        C(http://127.0.0.1:8000); with a root path (an engine served under one) the gate requests C(<url>/health) and
+        so on.
+      - The host must be a host name or an IP address (IPv6 in brackets). A URL with a user name (C(user@host)), a
+        query, a fragment, spaces or backslashes is refused before any request, so the API key goes nowhere else.
     type: str
     required: true
+  validate_certs:
+    description: With an C(https) O(url), whether the server's certificate must be valid for its host name.
+    type: bool
+    default: true
+    version_added: 0.2.0
+  ca_path:
+    description: With an C(https) O(url), a file of CA certificates to trust instead of the system's. Empty means the system's.
+    type: str
+    default: ""
+    version_added: 0.2.0
   unit:
     description:
       - The server's systemd unit, watched while waiting. Empty means none (a server started some other way).
@@ -57,13 +79,26 @@ options:
     type: str
     required: true
   api_key:
-    description: "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
+    description:
+      - "The API key, sent as C(Authorization: Bearer <key>). Empty means none."
+      - Hidden, like O(secrets), in every form, in everything the module returns.
     type: str
     default: ""
+  secrets:
+    description:
+      - More secrets (an admin key, a token in the environment) to hide, like O(api_key), in everything the module
+        returns (messages, journal lines, quoted answers, RV(last_seen)).
+      - Each is hidden as it is and in the forms engines and tools print it, a Python repr (SGLang logs its
+        arguments so), JSON, shell quoting and URL encoding, replaced by C(********).
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
   mode:
     description:
-      - V(gate) waits for readiness, then runs the smoke test. V(probe) looks once (unit state and health) and
-        never fails for an unhealthy server; it reports RV(healthy).
+      - V(gate) waits for readiness, then runs the smoke test. V(probe) looks at the unit state and the health
+        endpoints, and never fails for an unhealthy server; when the first look is not healthy it looks again after
+        O(poll_interval) before it reports RV(verdict) and RV(healthy).
     type: str
     default: gate
     choices: [gate, probe]
@@ -81,6 +116,15 @@ options:
     description: Seconds between two health polls.
     type: float
     default: 1
+  health_timeout:
+    description:
+      - Seconds one health request may take; a server that accepts the connection but answers later is RV(verdict)
+        V(slow), not V(unhealthy).
+      - V(0) means the engine's own default, 10 s for vLLM and 30 s for SGLang (whose C(/health) runs a one-token
+        generation, up to 20 s under load).
+    type: float
+    default: 0
+    version_added: 0.2.0
   request_timeout:
     description: Seconds one completion or C(/v1/models) request may take.
     type: float
@@ -116,6 +160,13 @@ options:
         to readiness, reported.
     type: bool
     default: false
+  stable_s:
+    description:
+      - With O(unit), seconds after the server first answered at which the unit is read again, after the smoke test;
+        a unit that died, restarted or is not active then fails the gate.
+    type: float
+    default: 5
+    version_added: 0.2.0
   journal_lines:
     description: How many of the unit's last journal lines a failure shows.
     type: int
@@ -185,8 +236,20 @@ healthy:
   returned: always
   type: bool
   sample: true
+verdict:
+  description:
+    - What the last look found. V(healthy) (the health endpoints answered 200), V(slow) (the server accepted the
+      connection but did not answer within O(health_timeout); in probe mode, on both looks) or V(unhealthy)
+      (connection refused, an HTTP error status, the unit down, another process on the port). Only an unhealthy
+      server needs a reset.
+  returned: always
+  type: str
+  sample: healthy
+  version_added: 0.2.0
 last_seen:
-  description: What the last poll saw, for example C(connection refused), C(HTTP 503) or C(HTTP 200).
+  description:
+    - What the last look saw, in words, for example C(connection refused), C(/health HTTP 503), C(HTTP 200) or
+      C(/health accepted the connection but gave no answer within 10 s).
   returned: always
   type: str
   sample: connection refused
@@ -194,7 +257,8 @@ unit:
   description: The unit's state at the last poll (C(systemctl show) properties).
   returned: when O(unit) is set
   type: dict
-  sample: {"ActiveState": "active", "SubState": "running", "MainPID": "4242", "NRestarts": "0"}
+  sample: {"ActiveState": "active", "SubState": "running", "MainPID": "4242", "NRestarts": "0",
+           "ControlGroup": "/system.slice/vllm.service"}
 baseline:
   description: The unit's C(InvocationID) and C(NRestarts) when the wait began.
   returned: when O(unit) is set
@@ -251,14 +315,23 @@ speculation:
   type: dict
   sample: {"available": true, "acceptance_rate": 0.71, "mean_acceptance_length": 3.13, "drafts": 120,
            "draft_tokens": 360, "accepted_tokens": 255, "source": "vllm:spec_decode_* counters"}
+port_holder:
+  description: The process that listens on the O(url)'s port and is not a process of O(unit) (its C(pid), C(name), C(cgroup)).
+  returned: when O(unit) is set and another process listens on the port
+  type: dict
+  sample: {"pid": 123, "name": "python3 foreign.py", "cgroup": "/user.slice/user-1000.slice/session-3.scope"}
+  version_added: 0.2.0
 journal:
-  description: The unit's last journal lines, when it died or the wait ran out.
+  description:
+    - The last journal lines of the invocation of the unit that was gated (C(journalctl _SYSTEMD_INVOCATION_ID=<id> +
+      INVOCATION_ID=<id>); the unit's when it had none), on a failure or when the wait ran out.
   returned: when the unit died, or on request
   type: list
   elements: str
   sample: ["torch.OutOfMemoryError: CUDA out of memory.", "inference-server.service: Main process exited, code=exited, status=1/FAILURE"]
 """
 
+import ipaddress
 import json
 import math
 import re
@@ -266,16 +339,26 @@ import socket
 import time
 from http.client import HTTPException
 from urllib.error import HTTPError, URLError
+from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
-                   "ExecMainStatus", "ExecMainStartTimestampMonotonic")
-PROBE_TIMEOUT_S = 5
+                   "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ControlGroup")
+INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+# A health request's own bound: SGLang's /health runs a one-token generation, up to 20 s under load.
+DEFAULT_HEALTH_TIMEOUT_S = {"vllm": 10.0, "sglang": 30.0}
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 VLLM_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
                  "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+
+
+HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+ROOT_PATH = re.compile(r"^(/[A-Za-z0-9._~%+-]+)*/?$")
+URL_FORM = "url must be http(s)://host[:port][/root/path]"
 
 
 class GateError(Exception):
@@ -284,6 +367,31 @@ class GateError(Exception):
     def __init__(self, msg, **result):
         super().__init__(msg)
         self.result = result
+
+
+def parse_url(url):
+    """(base URL with no trailing slash, port) or raise ValueError with the sentence.
+
+    The host must be an IP literal or a host name, with no user information: in
+    http://127.0.0.1@node2:18000 the host is node2, which would receive the API key."""
+    shown = re.sub(r"//[^/]*@", "//...@", url)  # a password before @ is not echoed
+    if re.search(r"[\s\x00-\x1f\x7f\\]", url) or "@" in url.partition("://")[2].split("/", 1)[0]:
+        raise ValueError("%s with no user name, spaces or backslashes, got %r" % (URL_FORM, shown))
+    refused = ValueError("%s (a host name or IP address, no query), got %r" % (URL_FORM, shown))
+    try:
+        parts = urlsplit(url)
+        port = parts.port if parts.port is not None else (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number from 0 to 65535, an unclosed [
+        raise refused from None
+    host = parts.hostname or ""
+    try:  # an IP literal: IPv6 in brackets, IPv4 without
+        good_host = ipaddress.ip_address(host).version == (6 if "[" in parts.netloc else 4)
+    except ValueError:
+        good_host = bool(HOST_NAME.match(host)) and "[" not in parts.netloc
+    if not good_host or parts.scheme not in ("http", "https") or not port or "?" in url or "#" in url \
+            or not ROOT_PATH.match(parts.path):
+        raise refused
+    return "%s://%s%s" % (parts.scheme, parts.netloc, parts.path.rstrip("/")), port
 
 
 def unit_state(module, unit):
@@ -295,9 +403,18 @@ def unit_state(module, unit):
     return {key: state.get(key, "") for key in UNIT_PROPERTIES}
 
 
-def journal(module, unit, lines):
-    rc, out, dummy = module.run_command(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager",
-                                         "--output", "cat"])
+def journal_argv(unit, invocation_id, lines):
+    """journalctl's command for the lines of one invocation of the unit: the service's own lines
+    carry _SYSTEMD_INVOCATION_ID=, PID 1's messages about it INVOCATION_ID=. Lines of earlier runs
+    would mislead, so the whole unit only when there is no invocation id."""
+    argv = ["journalctl", "--no-pager", "--output", "cat", "--lines", str(lines)]
+    if INVOCATION_ID.match(invocation_id or ""):
+        return argv + ["_SYSTEMD_INVOCATION_ID=" + invocation_id, "+", "INVOCATION_ID=" + invocation_id]
+    return argv + ["--unit", unit]
+
+
+def journal(module, unit, invocation_id, lines):
+    rc, out, dummy = module.run_command(journal_argv(unit, invocation_id, lines))
     return out.splitlines()[-lines:] if rc == 0 else []
 
 
@@ -315,17 +432,56 @@ def death(state, baseline):
     return None
 
 
-def request(url, api_key, timeout, data=None):
-    """(HTTP status, body) or raises URLError/socket errors; HTTP errors return their status."""
+def unstable(state, baseline):
+    """Why the unit, once ready, is no longer the same running invocation, or None."""
+    why = death(state, baseline)
+    if why is None and state["ActiveState"] != "active":
+        why = "is %s (%s), not active" % (state["ActiveState"], state["SubState"])
+    return why
+
+
+def within(cgroup, unit_cgroup):
+    return cgroup == unit_cgroup or cgroup.startswith(unit_cgroup.rstrip("/") + "/")
+
+
+def port_problem(port, unit, unit_cgroup, found):
+    """(sentence, the foreign holder or None) when the answer on port is not proven to come from
+    the unit, else (None, None). found is _listeners.listeners(port): every process that holds
+    a listening socket of the port must be in the unit's control group or one below it; a socket
+    no process is seen holding proves nothing."""
+    cannot = "cannot prove that unit %s answers on port %d: %%s" % (unit, port)
+    if not unit_cgroup:
+        return cannot % "systemd gives the unit no control group", None
+    for holders in found["sockets"].values():
+        for holder in holders:
+            if not within(holder["cgroup"], unit_cgroup):
+                return ("port %d is held by pid %d (%s), which is not a process of unit %s (its control group is %s, "
+                        "the unit's is %s): another server answers in its place"
+                        % (port, holder["pid"], holder["name"], unit, holder["cgroup"] or "unknown", unit_cgroup),
+                        holder)
+    if not found["sockets"]:
+        return cannot % "no process is seen listening on it", None
+    if not all(found["sockets"].values()):
+        if found["unreadable"]:
+            return cannot % ("the descriptors of pid %s cannot be read, and no other process is seen holding its "
+                             "socket" % ", ".join(str(pid) for pid in found["unreadable"])), None
+        return cannot % "no process is seen holding its socket", None
+    return None, None
+
+
+def request(params, path, timeout, data=None):
+    """(HTTP status, body) of path under the base URL, or raises URLError/socket errors; HTTP
+    errors return their status."""
     headers = {"Accept": "application/json"}
-    if api_key:
-        headers["Authorization"] = "Bearer " + api_key
+    if params["api_key"]:
+        headers["Authorization"] = "Bearer " + params["api_key"]
     if data is not None:
         headers["Content-Type"] = "application/json"
         data = json.dumps(data)
     try:
-        response = open_url(url, method="POST" if data is not None else "GET", data=data, headers=headers,
-                            timeout=timeout, use_proxy=False, follow_redirects="none")
+        response = open_url(params["base"] + path, method="POST" if data is not None else "GET", data=data,
+                            headers=headers, timeout=timeout, use_proxy=False, follow_redirects="none",
+                            validate_certs=params["validate_certs"], ca_path=params["ca_path"] or None)
         return response.getcode(), response.read()
     except HTTPError as exc:
         return exc.code, exc.read() if hasattr(exc, "read") else b""
@@ -336,21 +492,30 @@ def seen_error(exc, timeout):
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused"
     if isinstance(reason, (socket.timeout, TimeoutError)):
-        return "no answer within %s s" % timeout
+        return "no connection within %s s" % timeout
     return str(reason) or type(reason).__name__
 
 
-def probe(base, engine, api_key):
-    """(healthy, what was seen)."""
-    paths = ["/health", "/ready"] if engine == "sglang" else ["/health"]
+def health_timeout(params):
+    return params["health_timeout"] or DEFAULT_HEALTH_TIMEOUT_S[params["engine"]]
+
+
+def probe(params, timeout):
+    """(verdict, what was seen): healthy (every health endpoint answered 200), slow (one
+    accepted the connection but gave no answer within timeout) or unhealthy."""
+    paths = ["/health", "/ready"] if params["engine"] == "sglang" else ["/health"]
     for path in paths:
         try:
-            status, dummy = request(base + path, api_key, PROBE_TIMEOUT_S)
-        except (URLError, OSError, HTTPException) as exc:
-            return False, seen_error(exc, PROBE_TIMEOUT_S)
+            status, dummy = request(params, path, timeout)
+        except URLError as exc:  # urllib wraps what happens before the request is sent: no connection
+            return "unhealthy", seen_error(exc, timeout)
+        except (socket.timeout, TimeoutError):  # raised bare while waiting for the answer
+            return "slow", "%s accepted the connection but gave no answer within %s s" % (path, timeout)
+        except (OSError, HTTPException) as exc:
+            return "unhealthy", seen_error(exc, timeout)
         if status != 200:
-            return False, "%s HTTP %d" % (path, status)
-    return True, "HTTP 200"
+            return "unhealthy", "%s HTTP %d" % (path, status)
+    return "healthy", "HTTP 200"
 
 
 def wait_healthy(module, params, baseline):
@@ -364,7 +529,8 @@ def wait_healthy(module, params, baseline):
     polls = 0
     state = {}
     while True:
-        healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
+        verdict, seen = probe(params, health_timeout(params))
+        healthy = verdict == "healthy"
         seen_at = time.monotonic()
         polls += 1
         if params["unit"]:
@@ -373,63 +539,111 @@ def wait_healthy(module, params, baseline):
                 baseline = {"invocation_id": state["InvocationID"], "n_restarts": int(state["NRestarts"] or 0)}
             died = death(state, baseline)
             if died:
-                lines = journal(module, params["unit"], params["journal_lines"])
+                lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
                 raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
+            if healthy:  # the answer counts only if it comes from the unit
+                foreign, holder = port_problem(params["port"], params["unit"], state["ControlGroup"],
+                                               listeners(params["port"]))
+                if foreign:
+                    raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
         if healthy or seen_at >= deadline:
-            return healthy, seen, state, baseline, polls, seen_at
+            return verdict, seen, state, baseline, polls, seen_at
         next_poll = started + polls * params["poll_interval"]
         time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
 
 
 def look(module, params):
-    """One look for the probe mode: is the unit running and does the server answer?"""
-    result = {"changed": False, "polls": 1}
+    """Probe mode: is the unit running and does the server answer? A second look, after
+    poll_interval, before any verdict but healthy: slow means slow on both looks."""
+    result = {"changed": False, "polls": 0}
     if params["unit"]:
         state = unit_state(module, params["unit"])
         result["unit"] = state
         if state["ActiveState"] != "active":
             died = death(state, {}) or "is %s (%s)" % (state["ActiveState"], state["SubState"])
-            return dict(result, state="unhealthy", healthy=False, last_seen="unit %s %s" % (params["unit"], died))
-    healthy, seen = probe(params["url"].rstrip("/"), params["engine"], params["api_key"])
-    return dict(result, state="ready" if healthy else "unhealthy", healthy=healthy, last_seen=seen)
+            return dict(result, state="unhealthy", healthy=False, verdict="unhealthy",
+                        last_seen="unit %s %s" % (params["unit"], died))
+    looks = []
+    while len(looks) < 2 and (not looks or looks[-1][0] != "healthy"):
+        if looks:
+            time.sleep(params["poll_interval"])
+        looks.append(probe(params, health_timeout(params)))
+    verdict, seen = looks[-1]
+    if verdict == "slow" and looks[0][0] != "slow":
+        verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
+    if verdict != "unhealthy" and params["unit"]:  # something answers: is it the unit?
+        foreign, holder = port_problem(params["port"], params["unit"], result["unit"]["ControlGroup"],
+                                       listeners(params["port"]))
+        if foreign:
+            verdict, seen = "unhealthy", foreign
+            if holder:
+                result["port_holder"] = holder
+    healthy = verdict == "healthy"
+    return dict(result, polls=len(looks), state="ready" if healthy else "unhealthy", healthy=healthy,
+                verdict=verdict, last_seen=seen)
 
 
-def smoke(params):
+def excerpt(body, mask, limit=300):
+    """The start of an answer's body, to quote in a message; masked before it is cut, so that
+    no piece of a secret is left at the cut."""
+    return mask(body.decode("utf-8", "replace"))[:limit]
+
+
+def model_ids(document):
+    """The ids of an OpenAI model list ({"data": [{"id": ...}, ...]}), or None when it is not one."""
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list) or not all(isinstance(entry, dict) and isinstance(entry.get("id"), str)
+                                             for entry in data):
+        return None
+    return [entry["id"] for entry in data]
+
+
+def completion_text(document):
+    """The first choice's text of an OpenAI completion, or None when the answer has none."""
+    choices = document.get("choices") if isinstance(document, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    text = choices[0].get("text")
+    return text if isinstance(text, str) else None
+
+
+def smoke(params, mask):
     """/v1/models lists the served name; real completions return text."""
-    base = params["url"].rstrip("/")
     timeout = params["request_timeout"]
     try:
-        status, body = request(base + "/v1/models", params["api_key"], timeout)
+        status, body = request(params, "/v1/models", timeout)
         if status != 200:
-            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, body[:300].decode("utf-8", "replace")))
-        models = [entry.get("id") for entry in json.loads(body).get("data", [])]
+            raise GateError("GET /v1/models answered HTTP %d: %s" % (status, excerpt(body, mask)))
+        models = model_ids(json.loads(body))
+        if models is None:
+            raise GateError("GET /v1/models answered JSON that is not a list of models: %s" % excerpt(body, mask))
         if params["served_name"] not in models:
             raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], models),
                             models=models)
         times, texts = [], []
         for dummy in range(params["completions"]):
             started = time.monotonic()
-            status, body = request(base + "/v1/completions", params["api_key"], timeout, data={
+            status, body = request(params, "/v1/completions", timeout, data={
                 "model": params["served_name"], "prompt": params["prompt"], "max_tokens": params["max_tokens"],
                 "temperature": 0})
             times.append(round((time.monotonic() - started) * 1000, 1))
             if status != 200:
-                raise GateError("POST /v1/completions answered HTTP %d: %s"
-                                % (status, body[:300].decode("utf-8", "replace")), models=models)
-            choices = json.loads(body).get("choices") or [{}]
-            text = choices[0].get("text") or ""
-            if not text.strip():
-                raise GateError("POST /v1/completions returned no text: %s" % body[:300].decode("utf-8", "replace"),
+                raise GateError("POST /v1/completions answered HTTP %d: %s" % (status, excerpt(body, mask)), models=models)
+            text = completion_text(json.loads(body))
+            if text is None:
+                raise GateError("POST /v1/completions answered JSON without a text choice: %s" % excerpt(body, mask),
                                 models=models)
+            if not text.strip():
+                raise GateError("POST /v1/completions returned no text: %s" % excerpt(body, mask), models=models)
             texts.append(text)
     except (URLError, OSError, HTTPException) as exc:
         raise GateError("the server stopped answering during the smoke test: %s" % seen_error(exc, timeout))
-    except ValueError as exc:
-        raise GateError("the server answered something that is not the OpenAI JSON: %s" % exc)
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested deeper than the parser goes
+        raise GateError("the server answered something that is not the OpenAI JSON: %s" % str(exc)[:300])
     return {"models": models, "first_completion_ms": times[0] if times else None, "completions_ms": times,
-            "completion": texts[0][:200] if texts else ""}
+            "completion": mask(texts[0])[:200] if texts else ""}
 
 
 def parse_metrics(text):
@@ -453,9 +667,40 @@ def counter(values, name):
     return sum(found) if found else None
 
 
+def impossible_counts(counts):
+    """Why vLLM's spec decode counters cannot be true, or None: each must be a finite count of
+    at least 0, no more tokens accepted than drafted, and each draft at least one token."""
+    for key, value in counts.items():
+        if value is not None and not math.isfinite(value):
+            return "/metrics reports %s as %s, not a finite number" % (VLLM_COUNTERS[key], value)
+        if value is not None and value < 0:
+            return "/metrics reports a negative %s (%s)" % (VLLM_COUNTERS[key], value)
+    if counts["accepted_tokens"] > counts["draft_tokens"]:
+        return "/metrics reports more accepted than drafted tokens (%s accepted of %s), which cannot be" % (
+            counts["accepted_tokens"], counts["draft_tokens"])
+    if counts["drafts"] is not None and counts["drafts"] > counts["draft_tokens"]:
+        return "/metrics reports fewer drafted tokens than drafts (%s tokens in %s drafts), which cannot be" % (
+            counts["draft_tokens"], counts["drafts"])
+    return None
+
+
+def impossible_gauges(rates, lengths):
+    """Why SGLang's acceptance gauges cannot be true, or None: a rate is from 0 to 1, a mean
+    acceptance length (with the bonus token) at least 1."""
+    for rate in rates:
+        if not (math.isfinite(rate) and 0 <= rate <= 1):
+            return "/metrics reports sglang:spec_accept_rate %s, not a rate from 0 to 1" % rate
+    for length in lengths:
+        if not (math.isfinite(length) and length >= 1):
+            return "/metrics reports sglang:spec_accept_length %s, not a length of 1 or more" % length
+    return None
+
+
 def speculation(params):
+    """The acceptance read back from /metrics; unknown (available false, with a note) rather
+    than a figure the metrics cannot support."""
     try:
-        status, body = request(params["url"].rstrip("/") + "/metrics", params["api_key"], params["request_timeout"])
+        status, body = request(params, "/metrics", params["request_timeout"])
     except (URLError, OSError, HTTPException) as exc:
         return {"available": False, "note": "/metrics: %s" % seen_error(exc, params["request_timeout"])}
     if status != 200:
@@ -465,15 +710,21 @@ def speculation(params):
         counts = {key: counter(values, name) for key, name in VLLM_COUNTERS.items()}
         if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
             return {"available": False, "note": "/metrics has no vllm:spec_decode_* counters (is --disable-log-stats set?)"}
+        impossible = impossible_counts(counts)
+        if impossible:
+            return {"available": False, "note": impossible}
         rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else None
         length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
         result = dict({key: int(value or 0) for key, value in counts.items()}, source="vllm:spec_decode_* counters")
     else:
-        rates = [v for v in values.get("sglang:spec_accept_rate", []) if math.isfinite(v)]
-        lengths = [v for v in values.get("sglang:spec_accept_length", []) if math.isfinite(v)]
         if "sglang:spec_accept_rate" not in values:
             return {"available": False, "note": "/metrics has no sglang:spec_accept_rate"}
-        rate = sum(rates) / len(rates) if rates else None
+        rates = values["sglang:spec_accept_rate"]
+        lengths = values.get("sglang:spec_accept_length", [])
+        impossible = impossible_gauges(rates, lengths)
+        if impossible:
+            return {"available": False, "note": impossible}
+        rate = sum(rates) / len(rates)
         length = sum(lengths) / len(lengths) if lengths else None
         result = {"source": "sglang:spec_accept_rate and sglang:spec_accept_length gauges"}
     result.update(available=True, acceptance_rate=None if rate is None else round(rate, 4),
@@ -481,6 +732,37 @@ def speculation(params):
     if rate is None:
         result["note"] = "nothing was drafted yet"
     return result
+
+
+def stay(module, params, baseline, ready_at, result):
+    """The unit must still run the invocation that answered, stable_s after it first did: an
+    engine that crashes under its first requests is not ready."""
+    time.sleep(max(0.0, ready_at + params["stable_s"] - time.monotonic()))
+    state = unit_state(module, params["unit"])
+    result["unit"] = state
+    why = unstable(state, baseline)
+    if why:
+        lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+        raise GateError("unit %s %s after the server answered; the journal lines of the invocation that answered:\n%s"
+                        % (params["unit"], why, "\n".join(lines) or "(none)"), journal=lines)
+
+
+def unit_after_failure(module, params, result):
+    """What the unit did, for a failure that is not about the unit (a completion that got no
+    answer): its state, into the message, and the gated invocation's journal, into result."""
+    baseline = result.get("baseline") or params["baseline"] or {}
+    result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+    said = ""
+    try:
+        state = unit_state(module, params["unit"])
+        result["unit"] = state
+        why = unstable(state, baseline)
+        if why:
+            said = "; unit %s %s" % (params["unit"], why)
+    except GateError:
+        pass  # systemd does not answer: the failure already says what the server did
+    return said + ("; the journal lines of the gated invocation:\n%s" % "\n".join(result["journal"])
+                   if result["journal"] else "")
 
 
 def main():
@@ -491,10 +773,13 @@ def main():
             "unit": {"type": "str", "default": ""},
             "served_name": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
+            "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
             "mode": {"type": "str", "default": "gate", "choices": ["gate", "probe"]},
             "timeout": {"type": "int", "default": 3600},
             "progress_interval": {"type": "int", "default": 30},
             "poll_interval": {"type": "float", "default": 1},
+            "health_timeout": {"type": "float", "default": 0},
+            "stable_s": {"type": "float", "default": 5},
             "request_timeout": {"type": "float", "default": 120},
             "prompt": {"type": "str", "default": "The capital of France is"},
             "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
@@ -507,45 +792,57 @@ def main():
             "wait": {"type": "float", "default": 0},
             "baseline": {"type": "dict", "default": {}},
             "with_journal": {"type": "bool", "default": False},
+            "validate_certs": {"type": "bool", "default": True},
+            "ca_path": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
     params = module.params
+    mask = Masker(list(params["secrets"]) + [params["api_key"]])
     problems = []
-    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0)):
+    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0),
+                      ("stable_s", 0)):
         value = params[name]
         if not math.isfinite(value) or value < low:
             problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
     if params["completions"] < 1 or params["max_tokens"] < 1 or params["journal_lines"] < 1:
         problems.append("completions, max_tokens and journal_lines must be 1 or more")
-    if not re.match(r"^https?://[^/\s]+/?$", params["url"]):
-        problems.append("url must be http(s)://host:port, got %r" % params["url"])
+    try:
+        params["base"], params["port"] = parse_url(params["url"])
+    except ValueError as exc:
+        problems.append(str(exc))
     if problems:
-        module.fail_json(msg="; ".join(problems))
+        module.fail_json(msg=mask("; ".join(problems)))
     result = {"changed": False}
     try:
         if params["mode"] == "probe":
-            module.exit_json(**look(module, params))
-        healthy, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
-        result.update(healthy=healthy, last_seen=seen, polls=polls)
+            module.exit_json(**mask(look(module, params)))
+        verdict, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
+        healthy = verdict == "healthy"
+        result.update(healthy=healthy, verdict=verdict, last_seen=seen, polls=polls)
         if params["unit"]:
             result.update(unit=state, baseline=baseline)
         if not healthy:
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:
-                result["journal"] = journal(module, params["unit"], params["journal_lines"])
-            module.exit_json(**result)
+                result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+            module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
         started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
         if params["started"] and started > 0:
             result["ready_s"] = round(ready_at - started, 2)
-        result.update(smoke(params))
+        result.update(smoke(params, mask))
         if params["speculative"]:
             result["speculation"] = speculation(params)
+        if params["unit"]:
+            stay(module, params, baseline, ready_at, result)
     except GateError as exc:
         result.update(exc.result)
-        module.fail_json(msg=str(exc), **result)
-    module.exit_json(**result)
+        msg = str(exc)
+        if params["unit"] and "journal" not in result:
+            msg += unit_after_failure(module, params, result)
+        module.fail_json(msg=mask(msg), **mask(result))
+    module.exit_json(**mask(result))
 
 
 if __name__ == "__main__":

@@ -92,8 +92,10 @@ def test_probe_of_a_closed_port_is_unhealthy_not_failed(node):  # noqa: F811
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"url": "ftp://127.0.0.1:1"}, "url must be http(s)://host:port"),
-    ({"url": "http://127.0.0.1:1/v1"}, "url must be http(s)://host:port"),
+    ({"url": "ftp://127.0.0.1:1"}, "url must be http(s)://host[:port][/root/path]"),
+    ({"url": "http://127.0.0.1:1/v1?x=1"}, "url must be http(s)://host[:port][/root/path]"),
+    ({"url": "http://[127.0.0.1]:1"}, "url must be http(s)://host[:port][/root/path]"),
+    ({"url": "http://127.0.0.1:0"}, "url must be http(s)://host[:port][/root/path]"),
     ({"poll_interval": 0}, "poll_interval must be a finite number of at least 0.01"),
     ({"poll_interval": math.nan}, "poll_interval must be a finite number"),
     ({"wait": -1}, "wait must be a finite number of at least 0"),

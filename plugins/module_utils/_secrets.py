@@ -1,0 +1,72 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Secrets hidden in every form a program prints them. Private to this collection.
+
+Ansible hides a no_log value only where it appears as it is. Engines print keys otherwise:
+SGLang logs `server_args=ServerArgs(..., api_key='...')`, a Python repr, which escapes quotes
+and backslashes; an error body carries JSON escaping; a command line in a log is shell-quoted;
+a URL percent-encodes. A Masker replaces each of these forms (and each quoted once more, as a
+repr of a line that held a repr) with the marker Ansible uses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from urllib.parse import quote, quote_plus
+
+MARK = "********"
+_SHELL_SPECIAL = re.compile(r"([^\w./,:@%+=-])")  # what printf %q and a shell backslash-escape
+
+
+def _forms(secret):
+    """The ways a program may print the secret, the secret itself included."""
+    escaped = secret.replace("\\", "\\\\")
+    first = {
+        secret,
+        repr(secret)[1:-1],
+        escaped.replace("'", "\\'"),  # inside '...' of a repr that had to escape them
+        escaped.replace('"', '\\"'),  # inside "..."
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        shlex.quote(secret),
+        "".join("\\" + char if char in '\\$`"' else char for char in secret),  # inside shell "..."
+        _SHELL_SPECIAL.sub(r"\\\1", secret),
+        quote(secret, safe=""),
+        quote(secret),
+        quote_plus(secret),
+    }
+    again = {text for form in first for text in (repr(form)[1:-1], json.dumps(form)[1:-1])}
+    return first | again
+
+
+def _pattern(form):
+    """A form as a regular expression; percent-escapes match in either case (%2f or %2F)."""
+    pieces = re.split(r"(%[0-9A-F]{2})", form)
+    return "".join("%[" + piece[1] + piece[1].lower() + "][" + piece[2] + piece[2].lower() + "]"
+                   if re.match(r"%[0-9A-F]{2}$", piece) else re.escape(piece) for piece in pieces)
+
+
+class Masker:
+    """Call it on a string, list or dict: a copy with every form of every secret replaced by MARK."""
+
+    def __init__(self, secrets):
+        forms = {form for secret in secrets if secret for form in _forms(secret)}
+        # Longest first: where forms overlap, the whole of the longer one goes.
+        self._found = re.compile("|".join(_pattern(form) for form in sorted(forms, key=len, reverse=True))) \
+            if forms else None
+
+    def __call__(self, value):
+        if self._found is None:
+            return value
+        if isinstance(value, str):
+            return self._found.sub(MARK, value)
+        if isinstance(value, dict):
+            return {key: self(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self(item) for item in value]
+        return value

@@ -1,0 +1,119 @@
+"""The gate's look at the health endpoint, against fake engines (tests/functional/fake_engines.py)
+run as real processes on 127.0.0.1: a slow answer is not a dead server, and the URL it is given
+is the only place a request goes."""
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.functional.fake_engines import fake_engine, serving
+from tests.run_module import run_module
+
+
+def look(port, **params):
+    args = {"engine": "vllm", "url": "http://127.0.0.1:%d" % port, "served_name": "llama", "mode": "probe",
+            "poll_interval": 0.1}
+    args.update(params)
+    return run_module("inference_ready", args)
+
+
+def test_a_health_endpoint_slower_than_health_timeout_is_slow_not_unhealthy():
+    with fake_engine({"/health": {"delay": 3}}) as port:
+        result = look(port, health_timeout=0.5)
+    assert result["rc"] == 0 and result["verdict"] == "slow" and result["healthy"] is False, result
+    assert result["last_seen"] == "/health accepted the connection but gave no answer within 0.5 s"
+    assert result["polls"] == 2  # a second look before the verdict
+
+
+def test_a_closed_port_is_unhealthy_and_says_connection_refused():
+    with fake_engine({}) as port:
+        pass  # the port is closed again
+    result = look(port, health_timeout=0.5)
+    assert result["rc"] == 0 and result["verdict"] == "unhealthy" and result["last_seen"] == "connection refused"
+    assert result["polls"] == 2
+
+
+def test_vllm_answering_health_in_6_s_is_healthy_with_the_default_timeout():
+    with fake_engine({"/health": {"delay": 6}}) as port:
+        result = look(port)
+    assert result["rc"] == 0 and result["verdict"] == "healthy" and result["healthy"] is True, result
+    assert result["last_seen"] == "HTTP 200" and result["polls"] == 1
+
+
+def test_gate_mode_waits_through_a_slow_health_answer():
+    with fake_engine(dict(serving(), **{"/health": {"delay": 1}})) as port:
+        # Gate mode: a slow health answer is "not ready yet", polled again, never a failure.
+        result = look(port, mode="gate", health_timeout=0.2, wait=0.5)
+    assert result["rc"] == 0 and result["state"] == "waiting" and result["verdict"] == "slow", result
+
+
+@pytest.fixture
+def recorder():
+    """A listening socket on 127.0.0.1 that nothing should reach; yields (port, connections)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+
+        def connections():
+            listener.setblocking(False)
+            found = 0
+            while True:  # every connection the kernel completed for us, whether accepted or not
+                try:
+                    listener.accept()[0].close()
+                except BlockingIOError:
+                    return found
+                found += 1
+        yield listener.getsockname()[1], connections
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.1:1@127.0.0.1:{port}",  # the Bearer key would go to the host after @
+    "http://user:pass@127.0.0.1:{port}",
+    "http://127.0.0.1:{port}#frag",
+    "http://127.0.0.1:{port}/root?x=1",
+    "http://127.0.0.1:{port}/ root",
+    "http://127.0.0.1:{port}\\@127.0.0.1",
+    "http://127.0.0.1_x:{port}",
+    "http://127.0.0.1:{port}:{port}",
+    "ftp://127.0.0.1:{port}",
+])
+def test_a_url_that_does_not_parse_as_host_port_and_path_sends_nothing(recorder, url):
+    port, connections = recorder
+    url = url.format(port=port)
+    for mode in ("gate", "probe"):
+        result = look(port, url=url, mode=mode, api_key="k3y", wait=0.3)
+        assert result["rc"] == 1 and result["msg"].startswith("url must be http(s)://host[:port][/root/path]"), result
+        assert "pass" not in result["msg"] and "k3y" not in str(result)
+    assert connections() == 0
+
+
+def test_a_server_under_a_root_path_is_gated_there():
+    routes = {"/serve/llama" + path: route for path, route in serving().items()}
+    with fake_engine(routes) as port:
+        result = look(port, url="http://127.0.0.1:%d/serve/llama/" % port, mode="gate", wait=5, completions=1)
+    assert result["rc"] == 0 and result["state"] == "ready" and result["models"] == ["llama"], result
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1: (cert, key)."""
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
+def test_https_checks_the_certificate_unless_told_which_ca_or_not_to(certificate):
+    cert, key = certificate
+    with fake_engine(serving(), tls={"cert": cert, "key": key}) as port:
+        url = "https://127.0.0.1:%d" % port
+        refused = look(port, url=url)
+        trusted = look(port, url=url, ca_path=cert)
+        unchecked = look(port, url=url, validate_certs=False)
+    assert refused["rc"] == 0 and refused["verdict"] == "unhealthy", refused
+    assert "CERTIFICATE_VERIFY_FAILED" in refused["last_seen"] or "certificate" in refused["last_seen"]
+    assert trusted["verdict"] == "healthy" and unchecked["verdict"] == "healthy", (trusted, unchecked)

@@ -1,0 +1,84 @@
+"""The readiness gate's decisions that need systemd to happen for real (the fleet tests run them
+there): whose answer counts on the port, when the unit is no longer the one that became ready,
+and which journal lines belong to the invocation that was gated."""
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.cleanslate.gpu.plugins.modules.inference_ready import journal_argv, port_problem, unstable
+
+UNIT = "vllm.service"
+UNIT_CGROUP = "/system.slice/vllm.service"
+INVOCATION = "4b3c0f0e2b8a4c1d9f7e6a5b4c3d2e1f"
+
+
+def held(*holders, unreadable=()):
+    return {"sockets": {1000 + index: [holder] for index, holder in enumerate(holders)},
+            "unreadable": list(unreadable)}
+
+
+def proc(pid, cgroup, name="python3 -m vllm.entrypoints.openai.api_server"):
+    return {"pid": pid, "name": name, "cgroup": cgroup}
+
+
+def test_the_units_processes_and_its_sub_cgroups_count_as_the_unit():
+    found = held(proc(42, UNIT_CGROUP), proc(43, UNIT_CGROUP + "/workers"))
+    assert port_problem(8000, UNIT, UNIT_CGROUP, found) == (None, None)
+
+
+@pytest.mark.parametrize("cgroup", ["/user.slice/user-1000.slice/session-3.scope", "/system.slice/vllm.service-old",
+                                    "/system.slice", "/", ""])
+def test_a_process_outside_the_units_cgroup_on_the_port_is_named(cgroup):
+    foreign = proc(123, cgroup, name="python3 foreign.py")
+    sentence, holder = port_problem(8000, UNIT, UNIT_CGROUP, held(proc(42, UNIT_CGROUP), foreign))
+    assert sentence == ("port 8000 is held by pid 123 (python3 foreign.py), which is not a process of unit "
+                        "vllm.service (its control group is %s, the unit's is %s): another server answers in its "
+                        "place" % (cgroup or "unknown", UNIT_CGROUP))
+    assert holder == foreign
+
+
+@pytest.mark.parametrize("found, unit_cgroup, why", [
+    (held(), UNIT_CGROUP, "no process is seen listening on it"),
+    ({"sockets": {1000: []}, "unreadable": [7, 9]}, UNIT_CGROUP,
+     "the descriptors of pid 7, 9 cannot be read, and no other process is seen holding its socket"),
+    ({"sockets": {1000: []}, "unreadable": []}, UNIT_CGROUP, "no process is seen holding its socket"),
+    (held(proc(42, UNIT_CGROUP)), "", "systemd gives the unit no control group"),
+])
+def test_a_holder_that_cannot_be_proven_does_not_count_as_ready(found, unit_cgroup, why):
+    sentence, holder = port_problem(8000, UNIT, unit_cgroup, found)
+    assert sentence == "cannot prove that unit vllm.service answers on port 8000: %s" % why
+    assert holder is None
+
+
+def state(**changes):
+    base = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success",
+            "MainPID": "4242", "NRestarts": "0", "InvocationID": INVOCATION, "ExecMainStatus": "0"}
+    base.update(changes)
+    return base
+
+
+BASELINE = {"invocation_id": INVOCATION, "n_restarts": 0}
+
+
+@pytest.mark.parametrize("changes, why", [
+    ({}, None),
+    ({"ActiveState": "failed", "SubState": "failed", "Result": "exit-code", "ExecMainStatus": "1"},
+     "died (failed, failed, result exit-code, exit status 1)"),
+    ({"ActiveState": "activating", "SubState": "auto-restart"}, "died (activating, auto-restart, result success, "
+                                                                "exit status 0)"),
+    ({"InvocationID": "0" * 32, "MainPID": "5151"}, "restarted (a new invocation, main pid 5151)"),
+    ({"NRestarts": "1"}, "restarted (NRestarts 1)"),
+    ({"ActiveState": "reloading", "SubState": "reload"}, "is reloading (reload), not active"),
+    ({"ActiveState": "activating", "SubState": "start"}, "is activating (start), not active"),
+])
+def test_after_readiness_the_unit_must_still_be_the_same_active_invocation(changes, why):
+    assert unstable(state(**changes), BASELINE) == why
+
+
+def test_the_journal_of_the_gated_invocation_only_with_the_unit_as_fallback():
+    assert journal_argv(UNIT, INVOCATION, 20) == [
+        "journalctl", "--no-pager", "--output", "cat", "--lines", "20",
+        "_SYSTEMD_INVOCATION_ID=" + INVOCATION, "+", "INVOCATION_ID=" + INVOCATION]
+    fallback = ["journalctl", "--no-pager", "--output", "cat", "--lines", "5", "--unit", UNIT]
+    assert journal_argv(UNIT, "", 5) == fallback
+    assert journal_argv(UNIT, "--since=yesterday", 5) == fallback  # not an invocation id: never an argument
