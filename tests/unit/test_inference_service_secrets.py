@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (FilterModule,
-                                                                                  inference_service_secret_problems)
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
+    FilterModule, inference_service_secret_problems)
 from tests.unit.test_inference_args import build
 
 EAGLE3 = {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-70B", "num_speculative_tokens": 3}
@@ -19,7 +19,7 @@ def problems(secrets, **overrides):
     found = inference_service_secret_problems(secrets, build(**overrides))
     for sentence in found:
         for value in _values(secrets):
-            for form in {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}:
+            for form in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
                 assert form not in sentence, "a sentence shows a secret: %r" % sentence
     return found
 
@@ -63,8 +63,8 @@ def test_a_secret_in_the_speculative_config_is_found_as_json_escapes_it(secret):
 
 
 def test_a_secret_in_the_model_is_named_as_the_model():
-    assert "argument 2, the model (inference_service_model)" in problems({"api_key": "tok42"},
-                                                                        model="org/tok42-model")[0]
+    found = problems({"api_key": "tok42"}, model="org/tok42-model")
+    assert "argument 2, the model (inference_service_model)" in found[0]
     found = problems({"api_key": "tok42"}, model="org/tok42-model", engine="sglang", unit="sglang.service")
     assert "the value of --model-path (inference_service_model)" in found[0]
 
