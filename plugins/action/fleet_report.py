@@ -196,6 +196,10 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
     }
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
+    # Why nothing was done: reset_and_serve.yml's "server slow (...): no reset" tells a busy
+    # server that was left running apart from a dead one.
+    if result.get("note"):
+        row["note"] = str(result["note"])
     if read_only:
         row["would_stop"] = would_stop(steps)
     if read_only or result.get("kind") == "verify":

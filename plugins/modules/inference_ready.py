@@ -414,6 +414,10 @@ def journal_argv(unit, invocation_id, lines):
 
 
 def journal(module, unit, invocation_id, lines):
+    # The engine's last words (its traceback, on stderr) travel through a stdout stream that
+    # journald may not have read yet when PID 1's "Main process exited" is already there: a sync
+    # waits for the streams' data written before it (systemd 246+). Best effort: root only.
+    module.run_command(["journalctl", "--sync"])
     rc, out, dummy = module.run_command(journal_argv(unit, invocation_id, lines))
     return out.splitlines()[-lines:] if rc == 0 else []
 
