@@ -46,8 +46,8 @@ def test_a_server_in_the_units_cgroup_is_ready_and_read_again_stable_s_after(tmp
 
 
 def test_a_unit_that_restarted_after_answering_fails_with_the_journal_of_the_invocation_that_answered(tmp_path):
-    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/"), unit(ControlGroup="/", InvocationID="0" * 32,
-                                                                   MainPID="5151")], JOURNAL)
+    restarted = unit(ControlGroup="/", InvocationID="0" * 32, MainPID="5151")
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/"), restarted], JOURNAL)
     with fake_engine_process(serving()) as (port, dummy):
         result = gate(systemd, port)
     assert result["rc"] == 1 and result["msg"].startswith(
