@@ -72,3 +72,20 @@ def test_an_engine_that_takes_no_abbreviations_refuses_a_prefix_in_one_sentence(
         assert caught.value.problems == ["inference_service_extra_args: %s is not an option of vllm 0.34.0" % extra[0]]
     assert _serve_command.build(settings(extra_args=["--max-num-seqs", "4"]), flags)["argv"][-2:] == [
         "--max-num-seqs", "4"]
+
+
+@pytest.mark.parametrize("extra, secret", [
+    (["--api-key=c2VjcmV0LWtleQ=="], "c2VjcmV0"),          # a base64 key ends in '='
+    (["--api-kee=sk live key"], "live"),                  # misspelled, its value holding spaces
+    (["--hf-tokn=hf_abc def"], "hf_abc"),
+])
+def test_a_secret_given_with_equals_is_never_shown_whatever_it_holds(extra, secret):
+    message = refused(extra_args=extra)
+    assert secret not in message
+    assert extra[0].split("=", 1)[0] in message
+
+
+@pytest.mark.parametrize("extra", [["-O", "4"], ["-O", "fast"]])
+def test_vllm_reads_a_bare_o_as_the_level_only_before_0_to_3(extra):
+    """vLLM's parser turns -O N into the optimization level for N in 0-3 only; -O 4 is an unknown -O."""
+    assert "-O is not an option of vllm 0.33.0" in refused(extra_args=extra)
