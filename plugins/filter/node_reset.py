@@ -280,7 +280,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         problems = list(unreachable) + [str(problem) for problem in _list(verify, "problems")]
         problems += [str(problem) for gpu in _list(verify, "gpus") if isinstance(gpu, Mapping)
                      for problem in gpu.get("problems") or []]
-        if "gpus" not in verify and verify.get("msg"):
+        # (A check that did not answer is said once, by `unreachable` above.)
+        if "gpus" not in verify and verify.get("msg") and not verify.get("unreachable"):
             problems.append(str(verify["msg"]))
         if status == "dirty" and read_only:
             problems += _would(gpu_reset, shm, pycache)

@@ -205,3 +205,84 @@ def test_a_link_planted_at_the_partial_name_is_not_written_through(tmp_path):
     (tmp_path / "reset-20261201T000000Z.md.partial").symlink_to(victim)
     write_atomically(str(path), "report\n")
     assert victim.read_text() == "keep" and path.read_text() == "report\n"
+
+
+# ----- issue 24: the figures, problems and verdict an operator reads, each on its own -----
+
+def uuid(n):
+    return "GPU-%08x-0000-4000-8000-%012x" % (n, n)
+
+
+def test_mib_freed_counts_from_the_reading_before_the_unit_stopped():
+    """With a unit, NVML is read before the stop (nvml_before); gpu_reset's own reading comes after
+    the stop, when the server's memory is already gone: the report counts from the first."""
+    steps = {"nvml_before": {"gpus": [gpu(0, "GPU-a", 132000)]},
+             "gpu_reset": {"changed": True, "memory_before": [gpu(0, "GPU-a", 500)], "elapsed_s": 1.0},
+             "nvml_verify": {"gpus": [gpu(0, "GPU-a", 0)], "count": 1, "waited_s": 0.1}}
+    row = host_row("node1", {"status": "ok", "ok": True, "steps": steps})
+    assert row["mib_freed_per_gpu"] == {"0": 132000} and row["mib_freed"] == 132000
+
+
+def test_a_lost_gpu_is_named_even_when_another_gpu_with_a_longer_number_is_lost_too():
+    """GPU 1 fell off the bus (the others renumbered), and NVML cannot read the card now at index
+    10: nvml_verify names that one; the report names GPU 1 itself. "GPU 10 ..." is no sentence about
+    GPU 1, and a sentence that some GPU is lost is no sentence about this one."""
+    before = [gpu(i, uuid(i), 1000) for i in range(12)]
+    after = [gpu(i, uuid(i if i < 1 else i + 1), 0) for i in range(11)]
+    after[10] = {"index": 10, "uuid": None, "memory_used_mib": None, "problems": []}
+    said = "GPU 10 (%s, 0000:9a:00.0): lost (NVML: GPU is lost)" % uuid(11)
+    row = host_row("node1", result(before, after, problems=[said]))
+    assert {"index": 1, "uuid": uuid(1)} in row["gpus_lost"]
+    assert "GPU 1 (%s) is lost: NVML read it before the reset and cannot read it now." % uuid(1) in row["problems"]
+    assert row["problems"].count(said) == 1
+
+
+def test_a_gpu_that_nvml_reads_with_nothing_used_is_not_lost():
+    row = host_row("node1", result([gpu(0, "GPU-a", 80000), gpu(1, "GPU-b", 0)],
+                                   [gpu(0, "GPU-a", 0), gpu(1, "GPU-b", 0)]))
+    assert row["gpus_lost"] == [] and row["mib_freed_per_gpu"] == {"0": 80000, "1": 0}
+
+
+def test_every_step_that_ran_counts_in_the_hosts_seconds():
+    steps = result([], [])["steps"]
+    steps["pycache_purge"] = {"changed": True, "removed": [], "elapsed_s": 2.5}
+    row = host_row("node1", dict(result([], []), steps=steps))
+    assert row["seconds_per_step"] == {"gpu_reset": 3.0, "pycache_purge": 2.5, "nvml_verify": 1.0}
+    assert row["seconds"] == 6.5
+
+
+def test_a_result_without_a_status_is_shown_failed_never_ok():
+    row = host_row("node1", {"problems": ["the role stopped early"]})
+    assert row["status"] == "failed" and not row["ok"]
+    assert "- node1 (failed):" in render_markdown("reset", "T", [row]).splitlines()
+
+
+def test_the_failed_steps_message_is_listed_once_beside_the_other_problems():
+    failed = result([], [], status="failed at nvml_verify", failed_step="nvml_verify",
+                    problems=["GPU 0 (GPU-a): 9000 MiB used"], error="NVML call timed out after 5 s")
+    assert host_row("node1", failed)["problems"] == ["GPU 0 (GPU-a): 9000 MiB used", "NVML call timed out after 5 s"]
+    said = result([], [], status="failed at shm_clean", failed_step="shm_clean", problems=["EROFS"], error="EROFS")
+    assert host_row("node1", said)["problems"] == ["EROFS"]
+
+
+def test_a_service_row_that_is_ok_never_makes_a_failed_reset_ok():
+    rows = [host_row("node1", result([], [], status="failed at gpu_reset", ok=False, problems=["pid 7 in D state"]))]
+    merge_rows(rows, [{"host": "node1", "ok": True, "service_status": "ready", "problems": []}])
+    assert rows[0]["ok"] is False and rows[0]["problems"] == ["pid 7 in D state"]
+    text = render_markdown("reset_and_serve", "T", rows)
+    assert "1 host, 1 not ok." in text and "- node1 (failed at gpu_reset):\n  - pid 7 in D state\n" in text
+
+
+def test_a_merge_with_one_bad_report_among_good_ones_writes_nothing(tmp_path):
+    """A report silently missing the hosts of the bad slice would read as a smaller fleet."""
+    good = write_report(tmp_path / "reset-A.json", "reset", "A", [row("node1")])
+    verify = write_report(tmp_path / "verify-B.json", "verify", "B", [row("node2")])
+    with pytest.raises(AnsibleActionFail, match="is a verify report, not reset"):
+        read_reports([str(good), str(verify)], "reset")
+
+
+def test_a_verify_report_shows_the_memory_in_use_per_host():
+    rows = [row("node1", ok=False, status="dirty", mib_used={"0": 500, "1": 300}, mib_freed=0)]
+    lines = render_markdown("verify", "T", rows, read_only=True).splitlines()
+    assert lines[2] == "| host | status | would stop | MiB used | shm would remove | bytecode would remove | seconds |"
+    assert "| node1 | dirty | 0 | 800 | 0 Bytes | 0 | 0.0 |" in lines

@@ -88,3 +88,8 @@ def test_a_missing_directory_is_fine_the_role_creates_it():
 def test_wrong_shapes_are_a_type_error_not_a_silent_pass(lines, settings):
     with pytest.raises(TypeError):
         inference_service_host_problems(lines, settings)
+
+
+def test_a_link_target_with_an_equals_sign_is_named_whole():
+    link = problems("unit_file=symlink", "unit_link=/srv/units/model=llama.service")
+    assert len(link) == 1 and "symbolic link (to /srv/units/model=llama.service)" in link[0]

@@ -32,3 +32,19 @@ def test_the_defaults_pass_and_each_bad_variable_is_one_sentence_with_its_rule()
 def test_a_secret_of_the_wrong_type_is_named_without_its_value():
     problems = inference_service_problems(_service_values(inference_service_secrets="hunter2"))
     assert problems == ["inference_service_secrets is (hidden): it must be a mapping of names to values."]
+
+
+def test_each_range_of_the_gate_at_its_edges():
+    """The last value on each side of a rule: poll_interval 0 would poll in a busy loop, an
+    acceptance rate of 30 meant as 30 % would call every server degraded, and 0 smoke completions
+    would call a server that answers none ready."""
+    edges_ok = {"inference_service_poll_interval": 0.01, "inference_service_min_acceptance_rate": 1,
+                "inference_service_smoke_completions": 1}
+    assert inference_service_problems(_service_values(**edges_ok)) == []
+    problems = inference_service_problems(_service_values(
+        inference_service_poll_interval=0, inference_service_min_acceptance_rate=30,
+        inference_service_smoke_completions=0))
+    assert problems == [
+        "inference_service_poll_interval is 0: it must be a number of seconds above 0, at most 3600.",
+        "inference_service_smoke_completions is 0: it must be a whole number of completions from 1 to 100.",
+        "inference_service_min_acceptance_rate is 30: it must be a share from 0 to 1 (0.3 is 30%)."]

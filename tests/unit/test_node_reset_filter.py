@@ -260,3 +260,69 @@ def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_ru
     assert result["status"] == "failed at pycache_check" and result["error"].startswith("The module interpreter")
     selection = {"failed": True, "msg": "unknown GPU '9': this host has GPU indices 0-3"}
     assert node_reset_result(steps(), "n", failed_step="nvml_before", failed_result=selection)["status"] == "invalid"
+
+
+# ----- issue 24: each reason a host is not clean, alone; the statuses that count ok -----
+
+@pytest.mark.parametrize("would, problem", [
+    ({"gpu_reset": {"changed": False, "targets": [{"pid": 7}], "killed": []}}, "a reset would stop 1 process"),
+    ({"shm_clean": {"changed": False, "removed": [{"path": "x"}], "bytes_freed": 4096}},
+     "a reset would remove 1 shared memory segment, 4.0 KiB"),
+    ({"pycache_purge": {"changed": False, "removed": [{"path": "y.pyc"}]}}, "a reset would remove 1 bytecode file"),
+])
+def test_a_verify_run_with_one_thing_left_for_a_reset_is_dirty_and_not_ok(would, problem):
+    """GPUs that NVML reads clean are not enough: one process, segment or bytecode file that a
+    reset would remove makes the host dirty, and the report says which."""
+    quiet = {"gpu_reset": {"changed": False, "targets": [], "killed": []},
+             "shm_clean": {"changed": False, "removed": []}, "pycache_purge": SKIPPED}
+    result = node_reset_result(steps(**dict(quiet, **would)), "node1", kind="verify", read_only=True)
+    assert result["status"] == "dirty" and not result["ok"]
+    assert result["problems"] == [problem]
+    assert host_row("node1", result, read_only=True)["ok"] is False
+
+
+def test_a_clean_verify_is_ok_and_its_row_too():
+    clean = steps(gpu_reset={"changed": False, "targets": [], "killed": []},
+                  shm_clean={"changed": False, "removed": []})
+    result = node_reset_result(clean, "node1", kind="verify", read_only=True)
+    assert result["status"] == "clean" and result["ok"] and result["problems"] == []
+    assert host_row("node1", result, read_only=True)["ok"] is True
+
+
+def test_a_host_that_stops_answering_during_the_final_check_is_unreachable_not_dirty():
+    lost = {"unreachable": True, "msg": "ssh: connect to host 10.0.0.3 port 22: Connection timed out"}
+    result = node_reset_result(steps(nvml_verify=lost), "node3")
+    assert result["status"] == "unreachable" and not result["ok"]
+    assert result["problems"] == ["unreachable: ssh: connect to host 10.0.0.3 port 22: Connection timed out"]
+
+
+def test_a_sweep_from_the_proxmox_node_that_killed_a_process_is_a_change():
+    swept = {"changed": True, "killed": [{"pid": 4242}], "survivors": []}
+    quiet = steps(gpu_reset={"changed": False, "killed": [], "targets": []}, shm_clean={"changed": False},
+                  pve_sweep=swept)
+    result = node_reset_result(quiet, "ct129")
+    assert result["changed"] and result["killed_count"] == 1 and result["ok"]
+
+
+def test_a_skipped_unit_stop_reports_no_unit_state():
+    """A check-mode run skips the stop: the result says nothing about the unit rather than that it
+    was found inactive."""
+    result = node_reset_result(steps(unit={"skipped": True, "changed": False}), "n", unit="vllm.service")
+    assert result["unit"] == {} and result["steps"]["unit"] == {}
+
+
+@pytest.mark.parametrize("name, value", [
+    ("node_reset_gpu_reset_gpus", ["0 1"]),
+    ("node_reset_gpu_reset_gpus", ["1-3"]),
+    ("node_reset_nvml_verify_gpus", ["0x1"]),
+    ("node_reset_nvml_verify_gpus", ["GPU-12345678-1234-1234-1234-123456789abcd"]),
+])
+def test_a_gpu_selector_with_something_after_a_valid_start_is_refused(name, value):
+    problems = node_reset_problems(values(**{name: value}))
+    assert len(problems) == 1 and problems[0].startswith("%s has " % name), problems
+
+
+def test_an_empty_user_list_is_refused_since_it_would_match_no_process():
+    assert node_reset_problems(values(node_reset_gpu_reset_users=[])) == [
+        "node_reset_gpu_reset_users is []: an empty list or name would match no process; leave it unset (null)"
+        " for any user."]

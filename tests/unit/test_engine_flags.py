@@ -1,0 +1,91 @@
+"""The flag parser of plugin_utils/_engine_flags.py against what the engines themselves accept
+(issue 24): a line the engine takes is not refused, one it refuses is refused before a running
+server is touched, and the flag data of the right version check it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
+from tests.unit.test_inference_args import FLAGS, build, refused, settings
+
+
+@pytest.mark.parametrize("extra", [
+    ["--enable-lora", "--max-lora-rank", "64"],                          # an integer option with choices
+    ["--compilation-config.pass_config.enable_fusion", "true"],          # vLLM's nested --json-arg.key.key
+    ["--seed", "-1"],                                                    # a negative value is a value
+    ["-O=3"], ["-O3"], ["-O", "2"],                                      # vLLM's -O shorthand, every spelling
+    ["--max-num-batched-tokens", "1.5k"], ["--max-num-batched-tokens", "16K"],  # vLLM's human_readable_int
+])
+def test_vllm_accepts_what_vllm_accepts(extra):
+    assert build(extra_args=extra)["argv"][-len(extra):] == extra
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--enable-lora", "--max-lora-rank", "48"], "invalid choice: 48"),
+    (["--max-num-batched-tokens", "1.5K"], "--max-num-batched-tokens"),  # no decimals with a binary suffix
+])
+def test_vllm_refuses_what_vllm_refuses(extra, message):
+    assert message in refused(extra_args=extra)
+
+
+def _version_dir(tmp_path, name, **changes):
+    data = json.loads((Path(FLAGS) / "vllm-0.33.0.json").read_text())
+    data.update(changes)
+    path = tmp_path / name
+    path.mkdir(exist_ok=True)
+    (path / ("vllm-%s.json" % data["version"])).write_text(json.dumps(data))
+    return str(path)
+
+
+def test_without_a_version_the_newest_is_chosen_by_number_not_by_text(tmp_path):
+    """0.10.0 is newer than 0.9.2, though "0.9.2" sorts after it as text."""
+    directory = _version_dir(tmp_path, "flags", version="0.9.2")
+    _version_dir(tmp_path, "flags", version="0.10.0")
+    assert _engine_flags.EngineFlags(_engine_flags.load([directory], "vllm", "")).version == "0.10.0"
+    assert build(engine_version="")["engine_version"] == "0.33.0"
+
+
+def test_the_users_flag_data_replaces_the_roles_for_the_same_version(tmp_path):
+    """inference_service_flag_data_dir comes after the role's files (validate.yml): a user who
+    regenerated 0.33.0's data for a patched engine gets their file, not the role's."""
+    data = json.loads((Path(FLAGS) / "vllm-0.33.0.json").read_text())
+    patched = [dict(option, flags=["--enable-prefix-cache"] + option["flags"][1:])
+               if option["dest"] == "enable_prefix_caching" else option for option in data["options"]]
+    mine = _version_dir(tmp_path, "mine", options=patched)
+    flags = _engine_flags.EngineFlags(_engine_flags.load([FLAGS, mine], "vllm", "0.33.0"))
+    built = _serve_command.build(settings(extra_args=["--enable-prefix-cache"]), flags)
+    assert built["argv"][-1] == "--enable-prefix-cache"
+
+
+def test_an_engine_that_takes_no_abbreviations_refuses_a_prefix_in_one_sentence(tmp_path):
+    """Flag data of a parser built with allow_abbrev=False (tools/gen_flag_data.py records it):
+    a prefix is an unknown option there, said once, as the engine says it, even the prefix of a
+    secret's flag."""
+    directory = _version_dir(tmp_path, "flags", version="0.34.0", abbreviations=False)
+    flags = _engine_flags.EngineFlags(_engine_flags.load([directory], "vllm", "0.34.0"))
+    for extra in (["--max-num-s", "4"], ["--api-k", "sk-x"]):
+        with pytest.raises(_serve_command.ServeConfigError) as caught:
+            _serve_command.build(settings(extra_args=extra), flags)
+        assert caught.value.problems == ["inference_service_extra_args: %s is not an option of vllm 0.34.0" % extra[0]]
+    assert _serve_command.build(settings(extra_args=["--max-num-seqs", "4"]), flags)["argv"][-2:] == [
+        "--max-num-seqs", "4"]
+
+
+@pytest.mark.parametrize("extra, secret", [
+    (["--api-key=c2VjcmV0LWtleQ=="], "c2VjcmV0"),          # a base64 key ends in '='
+    (["--api-kee=sk live key"], "live"),                  # misspelled, its value holding spaces
+    (["--hf-tokn=hf_abc def"], "hf_abc"),
+])
+def test_a_secret_given_with_equals_is_never_shown_whatever_it_holds(extra, secret):
+    message = refused(extra_args=extra)
+    assert secret not in message
+    assert extra[0].split("=", 1)[0] in message
+
+
+@pytest.mark.parametrize("extra", [["-O", "4"], ["-O", "fast"]])
+def test_vllm_reads_a_bare_o_as_the_level_only_before_0_to_3(extra):
+    """vLLM's parser turns -O N into the optimization level for N in 0-3 only; -O 4 is an unknown -O."""
+    assert "-O is not an option of vllm 0.33.0" in refused(extra_args=extra)

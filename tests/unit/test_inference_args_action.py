@@ -1,0 +1,66 @@
+"""The inference_args action as validate.yml calls it (issue 24): secrets_set says which secrets
+are set (booleans, and the names of the secret environment variables), and each set secret must
+reach its 0600 file; the warnings are shown; a refusal is one sentence, never a traceback."""
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleActionFail
+
+from ansible_collections.cleanslate.gpu.plugins.action.inference_args import ActionModule
+from tests.unit.test_inference_args import FLAGS, settings
+
+NONE_SET = {"api_key": False, "hf_token": False, "admin_api_key": False, "environment": []}
+
+
+class _Display:
+    def __init__(self):
+        self.warnings = []
+
+    def warning(self, text):
+        self.warnings.append(text)
+
+
+def act(secrets_set=None, **overrides):
+    action = ActionModule.__new__(ActionModule)
+    action._display = _Display()
+    values = settings(**overrides)
+    values["flag_dirs"] = [FLAGS]
+    values["secrets_set"] = dict(NONE_SET, **(secrets_set or {}))
+    return action._display, action.act(values, {}, {})
+
+
+def test_no_secret_set_gives_no_secret_file_entry_and_no_config_file():
+    dummy, result = act()
+    assert result["secret_environment"] == {} and result["secret_config"] == {}
+    dummy, result = act(engine="sglang", unit="sglang.service")
+    assert result["secret_config"] == {} and "--config" not in result["argv"]
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({"hf_token": True}, {"HF_TOKEN": "hf_token"}),
+    ({"api_key": True}, {"VLLM_API_KEY": "api_key"}),
+    ({"environment": ["WANDB_API_KEY"]}, {"WANDB_API_KEY": "environment"}),
+])
+def test_each_secret_set_reaches_the_0600_environment_file(given, expected):
+    dummy, result = act(given)
+    assert result["secret_environment"] == expected
+
+
+def test_sglangs_admin_key_reaches_its_secrets_file():
+    dummy, result = act({"api_key": True, "admin_api_key": True}, engine="sglang", unit="sglang.service")
+    assert result["secret_config"]["secrets"] == {"api-key": "api_key", "admin-api-key": "admin_api_key"}
+    dummy, result = act({"admin_api_key": True}, engine="sglang", unit="sglang.service")
+    assert result["secret_config"]["secrets"] == {"admin-api-key": "admin_api_key"}
+
+
+def test_every_warning_is_shown():
+    display, result = act(user="nobody")
+    assert result["warnings"] and display.warnings == result["warnings"]
+    assert "nobody is shared by other daemons" in display.warnings[0]
+
+
+def test_an_engine_version_without_data_is_one_sentence_not_a_traceback():
+    with pytest.raises(AnsibleActionFail) as caught:
+        act(engine_version="0.9.2")
+    assert str(caught.value.message).startswith("inference_service: inference_service_engine_version '0.9.2': "
+                                                "no flag data for vllm 0.9.2; known versions: 0.33.0")
