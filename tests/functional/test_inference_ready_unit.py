@@ -100,8 +100,9 @@ def test_a_unit_that_restarted_between_two_rounds_fails_the_next_round(tmp_path)
     with fake_engine_process(serving()) as (port, dummy):
         new_invocation = gate(again, port, baseline={"invocation_id": "a" * 32, "n_restarts": 0})
         restarted = gate(counted, port, baseline={"invocation_id": INVOCATION, "n_restarts": 0})
-    assert new_invocation["rc"] == 1 and new_invocation["msg"].startswith(
-        "unit gate-test.service restarted (a new invocation, main pid 5151) while waiting for the server"), new_invocation
+    assert new_invocation["rc"] == 1, new_invocation
+    assert new_invocation["msg"].startswith(
+        "unit gate-test.service restarted (a new invocation, main pid 5151) while waiting for the server")
     assert restarted["rc"] == 1 and restarted["msg"].startswith(
         "unit gate-test.service restarted (NRestarts 1) while waiting for the server"), restarted
 
