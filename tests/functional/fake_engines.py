@@ -6,7 +6,8 @@ correctly; these answer what a test asks for).
         ...
 
 A route is the full request path (query left out) and says what to answer: `status` (200),
-`json` (a value sent as JSON) or `text` (sent as it is), `content_type`, `delay` (seconds before
+`json` (a value sent as JSON) or `text` (sent as it is), `content_type`, `headers` (more response
+headers, such as a redirect's Location), `delay` (seconds before
 the answer), `exit` (the process exits at once, answering nothing, as an engine that crashes).
 Any other path answers 404. The server ends when its stdin closes, which the context
 does on the way out: no test signals it. With `tls` ({"cert": path, "key": path}) it serves HTTPS.
@@ -101,6 +102,8 @@ def _handler(routes):
             self.send_response(route.get("status", 200))
             self.send_header("Content-Type", route.get("content_type", "application/json"))
             self.send_header("Content-Length", str(len(body)))
+            for name, value in route.get("headers", {}).items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 

@@ -79,3 +79,10 @@ def test_possible_figures_are_still_believed():
     routes = dict(serving(), **{"/metrics": {"text": vllm_metrics(10, 40, 30), "content_type": "text/plain"}})
     spec = gate(routes, speculative=True)["speculation"]
     assert spec["available"] and spec["acceptance_rate"] == 0.75 and spec["mean_acceptance_length"] == 4.0, spec
+
+
+def test_a_model_whose_name_only_starts_with_the_served_name_is_not_the_served_model():
+    # llama-70b-instruct answering for a gate that waits for llama-70b is another model.
+    result = gate(serving(name="llama-70b-instruct"), served_name="llama-70b")
+    assert result["rc"] == 1 and result["models"] == ["llama-70b-instruct"], result
+    assert result["msg"] == "GET /v1/models does not list 'llama-70b' (it lists ['llama-70b-instruct'])"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 
 import pytest
 
@@ -117,3 +118,78 @@ def test_https_checks_the_certificate_unless_told_which_ca_or_not_to(certificate
     assert refused["rc"] == 0 and refused["verdict"] == "unhealthy", refused
     assert "CERTIFICATE_VERIFY_FAILED" in refused["last_seen"] or "certificate" in refused["last_seen"]
     assert trusted["verdict"] == "healthy" and unchecked["verdict"] == "healthy", (trusted, unchecked)
+
+
+def test_sglang_answering_health_in_12_s_is_healthy_with_its_default_timeout():
+    # SGLang's /health runs a one-token generation, up to 20 s under load: not a slow server.
+    with fake_engine({"/health": {"delay": 12}, "/ready": {}}) as port:
+        result = look(port, engine="sglang")
+    assert result["rc"] == 0 and result["verdict"] == "healthy" and result["polls"] == 1, result
+
+
+def test_a_redirect_is_not_health_and_is_never_followed_with_the_key(recorder):
+    # A proxy or another service answering the port with a redirect: not the engine; the Bearer
+    # key must not follow the redirect to where it points.
+    elsewhere, connections = recorder
+    away = {"status": 302, "headers": {"Location": "http://127.0.0.1:%d/health" % elsewhere}}
+    with fake_engine({"/health": away}) as port:
+        probe = look(port, api_key="k3y", health_timeout=1)
+    with fake_engine(dict(serving(), **{"/v1/models": away})) as port:
+        gated = look(port, api_key="k3y", mode="gate", wait=5, request_timeout=1)
+    assert probe["rc"] == 0 and probe["verdict"] == "unhealthy" and probe["last_seen"] == "/health HTTP 302", probe
+    assert gated["rc"] == 1 and gated["msg"].startswith("GET /v1/models answered HTTP 302"), gated
+    assert connections() == 0
+
+
+def test_a_proxy_in_the_hosts_environment_is_never_used(recorder):
+    # http_proxy set on the host (for pip, say): the probes and the key still go straight to the server.
+    proxy, connections = recorder
+    env = {name: "http://127.0.0.1:%d" % proxy for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY")}
+    env.update(no_proxy="", NO_PROXY="")
+    with fake_engine(serving()) as port:
+        args = {"engine": "vllm", "url": "http://127.0.0.1:%d" % port, "served_name": "llama", "api_key": "k3y",
+                "health_timeout": 1, "request_timeout": 1, "wait": 5, "completions": 1}
+        probe = run_module("inference_ready", dict(args, mode="probe"), env=env)
+        gated = run_module("inference_ready", args, env=env)
+    assert probe["verdict"] == "healthy" and gated["rc"] == 0 and gated["state"] == "ready", (probe, gated)
+    assert connections() == 0
+
+
+@pytest.fixture
+def fails_then_hangs():
+    """A server on 127.0.0.1 whose first answer is HTTP 503 and which then accepts connections and
+    never answers (an engine that errored, then wedged); yields its port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held = []
+
+    def serve():
+        first = True
+        while True:
+            try:
+                conn = listener.accept()[0]
+            except OSError:
+                return  # closed by the test
+            if first:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+                first = False
+            else:
+                held.append(conn)
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def test_a_server_that_failed_then_stopped_answering_is_unhealthy_not_slow(fails_then_hangs):
+    # Slow means slow on both looks; a server that just answered 503 and now hangs is broken.
+    result = look(fails_then_hangs, health_timeout=0.5, poll_interval=0.5)
+    assert result["rc"] == 0 and result["verdict"] == "unhealthy" and result["polls"] == 2, result
+    assert result["healthy"] is False

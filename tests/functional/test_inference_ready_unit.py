@@ -68,3 +68,51 @@ def test_a_crash_during_the_smoke_completions_shows_the_gated_invocations_journa
     assert "; unit gate-test.service died (failed, failed, result signal, exit status 6)" in result["msg"]
     assert result["journal"] == JOURNAL and JOURNAL[-1] in result["msg"]
     assert systemd.calls("journalctl")[-1]["argv"][-1] == "INVOCATION_ID=" + INVOCATION
+
+
+def test_with_stable_s_0_the_unit_is_still_read_after_the_smoke_test(tmp_path):
+    # stable_s 0 asks for no wait, not for no check: a unit restarted during the smoke test fails.
+    restarted = unit(ControlGroup="/", InvocationID="0" * 32, MainPID="5151")
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/"), restarted], JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        result = gate(systemd, port, stable_s=0)
+    assert result["rc"] == 1 and result["msg"].startswith(
+        "unit gate-test.service restarted (a new invocation, main pid 5151) after the server answered"), result
+    assert len(systemd.calls("systemctl")) >= 2
+
+
+def test_a_unit_that_systemd_still_calls_activating_after_the_smoke_test_is_not_ready(tmp_path):
+    # The server answers, but systemd has not finished starting the unit (ExecStartPost, no READY=1 yet).
+    starting = unit(ControlGroup="/", ActiveState="activating", SubState="start")
+    systemd = FakeSystemd(tmp_path, [starting], JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        result = gate(systemd, port)
+    assert result["rc"] == 1 and result["msg"].startswith(
+        "unit gate-test.service is activating (start), not active after the server answered"), result
+    assert result["journal"] == JOURNAL
+
+
+def test_a_unit_that_restarted_between_two_rounds_fails_the_next_round(tmp_path):
+    # The action passes the first round's baseline on; since then the unit runs another invocation,
+    # or systemd counted a restart. The server answering now is not the one the gate started with.
+    again = FakeSystemd(tmp_path / "invocation", [unit(ControlGroup="/", MainPID="5151")], JOURNAL)
+    counted = FakeSystemd(tmp_path / "nrestarts", [unit(ControlGroup="/", NRestarts="1")], JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        new_invocation = gate(again, port, baseline={"invocation_id": "a" * 32, "n_restarts": 0})
+        restarted = gate(counted, port, baseline={"invocation_id": INVOCATION, "n_restarts": 0})
+    assert new_invocation["rc"] == 1, new_invocation
+    assert new_invocation["msg"].startswith(
+        "unit gate-test.service restarted (a new invocation, main pid 5151) while waiting for the server")
+    assert restarted["rc"] == 1 and restarted["msg"].startswith(
+        "unit gate-test.service restarted (NRestarts 1) while waiting for the server"), restarted
+
+
+def test_a_slow_foreign_server_on_the_units_port_is_named_by_the_probe_not_called_slow(tmp_path):
+    # Only an unhealthy server is reset: a busy server that is not the unit's must not pass as merely slow.
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/system.slice/gate-test.service")], JOURNAL)
+    with fake_engine_process({"/health": {"delay": 3}}) as (port, pid):
+        probe = gate(systemd, port, mode="probe", health_timeout=0.5)
+    assert probe["rc"] == 0 and probe["verdict"] == "unhealthy", probe
+    assert probe["last_seen"].startswith("port %d is held by pid %d (" % (port, pid))
+    assert probe["port_holder"]["pid"] == pid
+

@@ -136,3 +136,16 @@ def test_the_progress_line_and_the_deadline_message_show_no_secret(capsys):
     out = capsys.readouterr().out
     assert "zq7" not in out and "zq7" not in result["msg"]
     assert '/health HTTP 401 for key "********"' in result["msg"]
+
+
+def test_the_progress_lines_printed_between_rounds_show_no_secret(capsys):
+    secret = "zq7 'quoted' key"
+
+    def echoing(module_args):
+        answer = waiting(module_args)
+        answer["last_seen"] = "/health HTTP 401 for key %r" % secret
+        return answer
+    result, calls = run(echoing, timeout=3, progress_interval=1, secrets=[secret])
+    out = capsys.readouterr().out
+    assert len(calls) >= 2 and out.count("gpu1: waiting for") >= 1, out  # lines were printed
+    assert "zq7" not in out and '/health HTTP 401 for key "********"' in out, out

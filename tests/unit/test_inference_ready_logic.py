@@ -82,3 +82,13 @@ def test_the_journal_of_the_gated_invocation_only_with_the_unit_as_fallback():
     fallback = ["journalctl", "--no-pager", "--output", "cat", "--lines", "5", "--unit", UNIT]
     assert journal_argv(UNIT, "", 5) == fallback
     assert journal_argv(UNIT, "--since=yesterday", 5) == fallback  # not an invocation id: never an argument
+
+
+def test_the_unit_on_one_address_does_not_vouch_for_an_unseen_holder_on_another():
+    # vLLM on 0.0.0.0:8000 and another user's server on [::]:8000 (its descriptors not readable):
+    # two listening sockets, and a client on ::1 reaches the one nobody can prove is the unit's.
+    found = {"sockets": {1000: [proc(42, UNIT_CGROUP)], 1001: []}, "unreadable": [7]}
+    sentence, holder = port_problem(8000, UNIT, UNIT_CGROUP, found)
+    assert sentence == ("cannot prove that unit vllm.service answers on port 8000: the descriptors of pid 7 cannot be "
+                        "read, and no other process is seen holding its socket")
+    assert holder is None
