@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (inference_service_secret_problems,
+                                                                                  secret_masker)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 
@@ -32,6 +34,10 @@ ARGUMENT_SPEC = {
     "extra_args": {"type": "list", "elements": "raw", "default": []},
     "environment": {"type": "dict", "default": {}},
     "secrets_set": {"type": "dict", "default": {}},
+    # The values, for two things only: a sentence never shows one (a secret pasted into the served
+    # name would be printed by the served-name rule), and a command line, environment or unit that
+    # would carry one is refused here, before its argv is ever returned (and printed with -v).
+    "secrets": {"type": "dict", "default": {}, "no_log": True},
     "executable": {"type": "str", "default": ""},
     "venv": {"type": "str", "default": ""},
     "unit": {"type": "str", "required": True},
@@ -45,19 +51,26 @@ class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def act(self, args, task_vars, result):
-        secrets = args["secrets_set"]
+        given = args["secrets_set"]
         args["secrets_set"] = {
-            "api_key": bool(secrets.get("api_key")), "hf_token": bool(secrets.get("hf_token")),
-            "admin_api_key": bool(secrets.get("admin_api_key")),
-            "environment": list(secrets.get("environment") or []),
+            "api_key": bool(given.get("api_key")), "hf_token": bool(given.get("hf_token")),
+            "admin_api_key": bool(given.get("admin_api_key")),
+            "environment": list(given.get("environment") or []),
         }
+        secrets = args.get("secrets") or {}
+        mask = secret_masker(secrets)
         try:
             flags = _engine_flags.EngineFlags(_engine_flags.load(args["flag_dirs"], args["engine"],
                                                                  args["engine_version"]))
             built = _serve_command.build(args, flags)
+            problems = inference_service_secret_problems(secrets, built)
         except (_engine_flags.FlagError, _serve_command.ServeConfigError) as exc:
-            raise AnsibleActionFail("inference_service: %s" % exc) from exc
+            problems = getattr(exc, "problems", None) or [str(exc)]
+        if problems:
+            # One line per problem, each whole (the report lists the lines apart); no secret in any.
+            raise AnsibleActionFail("\n".join("inference_service: %s" % line for problem in problems
+                                              for line in mask(str(problem)).splitlines()))
         result.update(built, changed=False)
         for warning in built["warnings"]:
-            self._display.warning(warning)
+            self._display.warning(mask(warning))
         return result

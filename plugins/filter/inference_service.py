@@ -18,6 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
@@ -54,8 +55,17 @@ def inference_service_problems(values):
     if not isinstance(values, Mapping):
         raise TypeError("inference_service_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
-    return (_role_spec.number_problems(NUMBERS, values)
-            + _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS)))
+    problems = (_role_spec.number_problems(NUMBERS, values)
+                + _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS)))
+    # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
+    # an extra argument list that holds a null is refused as a whole list).
+    secrets = values.get("inference_service_secrets")
+    return secret_masker(secrets if isinstance(secrets, Mapping) else {})(problems)
+
+
+def secret_masker(secrets):
+    """A Masker of every value of the role's secrets mapping, in every form a program prints it."""
+    return Masker([value for dummy, value in _secret_values(secrets if isinstance(secrets, Mapping) else {})])
 
 
 def _secret_values(secrets: Mapping) -> list:
@@ -105,6 +115,10 @@ def inference_service_secret_problems(secrets, args):
     environment = args.get("environment") if isinstance(args.get("environment"), Mapping) else {}
     problems = []
     for name, value in named:
+        if name in ("api_key", "admin_api_key") and not value.isascii():
+            # An HTTP header carries no other text: no client could ever use the key.
+            problems.append("inference_service_secrets.%s holds a character outside ASCII, which no HTTP "
+                            "Authorization header can carry." % name)
         if CONTROL.search(value):
             problems.append("inference_service_secrets.%s holds a control character, which would end its line in "
                             "the secrets file." % name)

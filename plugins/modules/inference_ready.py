@@ -552,6 +552,13 @@ def wait_healthy(module, params, baseline):
                                                listeners(params["port"]))
                 if foreign:
                     raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
+            elif seen != "connection refused":
+                # Something listens but does not answer 200: still loading if it is the unit's, but a
+                # proven foreign program (garbage, 404, a hang) is named now, not after the deadline.
+                foreign, holder = port_problem(params["port"], params["unit"], state["ControlGroup"],
+                                               listeners(params["port"]))
+                if holder:
+                    raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
         if healthy or seen_at >= deadline:
             return verdict, seen, state, baseline, polls, seen_at
         next_poll = started + polls * params["poll_interval"]
@@ -815,6 +822,10 @@ def main():
         params["base"], params["port"] = parse_url(params["url"])
     except ValueError as exc:
         problems.append(str(exc))
+    if not params["api_key"].isascii():
+        # http.client encodes headers as Latin-1 and raised mid-probe, naming the character and its
+        # place; no client could send such a key anyway.
+        problems.append("api_key holds a character outside ASCII, which no HTTP Authorization header can carry")
     if problems:
         module.fail_json(msg=mask("; ".join(problems)))
     result = {"changed": False}

@@ -116,3 +116,26 @@ def test_a_slow_foreign_server_on_the_units_port_is_named_by_the_probe_not_calle
     assert probe["last_seen"].startswith("port %d is held by pid %d (" % (port, pid))
     assert probe["port_holder"]["pid"] == pid
 
+
+
+def test_a_foreign_program_that_answers_no_200_is_named_at_once_not_after_the_deadline(tmp_path):
+    """The hostile run: a listener outside the unit that answered garbage (or 404, 500) was taken
+    for an engine still loading, and the gate waited out its whole deadline naming nobody."""
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/system.slice/gate-test.service")], JOURNAL)
+    with fake_engine_process({"/health": {"status": 500, "text": "not an engine"}}) as (port, pid):
+        failed = gate(systemd, port, wait=30)
+    assert failed["rc"] == 1 and failed["msg"].startswith("port %d is held by pid %d (" % (port, pid)), failed
+    assert failed["polls"] == 1  # named at the first look, not after 30 s of polls
+
+
+def test_a_key_no_http_header_can_carry_is_one_sentence_before_any_request(tmp_path):
+    """The hostile run: a key with a euro sign crashed the probe mid-request ('latin-1' codec
+    can't encode character ... in position 11), which gave away a character and its place."""
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/")], JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        for mode in ("probe", "gate"):
+            result = gate(systemd, port, mode=mode, api_key="cl\u00e9-\u20ac-key")
+            assert result["rc"] == 1 and result["msg"] == (
+                "api_key holds a character outside ASCII, which no HTTP Authorization header can carry"), result
+            assert "\u20ac" not in str(result) and "position" not in str(result)
+    assert systemd.calls("systemctl") == []  # refused before anything was asked

@@ -64,3 +64,32 @@ def test_an_engine_version_without_data_is_one_sentence_not_a_traceback():
         act(engine_version="0.9.2")
     assert str(caught.value.message).startswith("inference_service: inference_service_engine_version '0.9.2': "
                                                 "no flag data for vllm 0.9.2; known versions: 0.33.0")
+
+
+def refusal(**overrides) -> str:
+    with pytest.raises(AnsibleActionFail) as caught:
+        act(**overrides)
+    return str(caught.value)
+
+
+def test_a_key_pasted_into_the_served_name_is_refused_before_any_argv_is_returned_and_never_shown():
+    """The hostile run: the key as the served name came back in the task's result (argv,
+    command_line), printed by -v, before a later task refused it; SGLang's served-name rule even
+    printed it in its sentence (it has spaces)."""
+    key = "sg key $HOME 'single'"
+    message = refusal(engine="sglang", unit="sglang.service", served_name=key,
+                      secrets_set={"api_key": True}, secrets={"api_key": key})
+    assert key not in message and "sg key" not in message and "********" in message
+    assert all(line.startswith("inference_service: ") for line in message.splitlines())
+    quiet = "hf_SeCrEt0123"
+    message = refusal(served_name="llama-" + quiet, secrets_set={"hf_token": True}, secrets={"hf_token": quiet})
+    assert quiet not in message
+    assert "inference_service_secrets.hf_token is in the command line" in message
+
+
+def test_a_secret_in_an_innocently_named_environment_value_is_refused_by_its_name():
+    value = "tok-7f3a"
+    message = refusal(environment={"RUN_LABEL": "run " + value}, secrets_set={"environment": ["LABEL_TOKEN"]},
+                      secrets={"environment": {"LABEL_TOKEN": value}})
+    assert "inference_service_environment.RUN_LABEL holds the value of inference_service_secrets.environment." \
+           "LABEL_TOKEN" in message and value not in message

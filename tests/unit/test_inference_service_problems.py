@@ -48,3 +48,13 @@ def test_each_range_of_the_gate_at_its_edges():
         "inference_service_poll_interval is 0: it must be a number of seconds above 0, at most 3600.",
         "inference_service_smoke_completions is 0: it must be a whole number of completions from 1 to 100.",
         "inference_service_min_acceptance_rate is 30: it must be a share from 0 to 1 (0.3 is 30%)."]
+
+
+def test_a_list_refused_as_a_whole_never_shows_a_secret_it_holds():
+    """The hostile run: a null item made the whole extra_args list the refused value, --api-key's
+    value and all."""
+    key = "sk live K3Y"
+    found = inference_service_problems({"inference_service_extra_args": ["--api-key", key, None],
+                                        "inference_service_secrets": {"api_key": key}})
+    assert found and all(key not in sentence for sentence in found), found
+    assert any("inference_service_extra_args" in sentence and "********" in sentence for sentence in found), found

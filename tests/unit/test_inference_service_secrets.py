@@ -58,7 +58,7 @@ def test_a_secret_in_the_speculative_config_is_found_as_json_escapes_it(secret):
     spec = dict(EAGLE3, model="org/draft-" + secret)
     argv = build(speculative=spec)["argv"]
     assert any(json.dumps(secret)[1:-1] in item for item in argv)  # escaped there, not raw
-    found = problems({"api_key": secret}, speculative=spec)
+    found = problems({"hf_token": secret}, speculative=spec)  # an API key must be ASCII; a token need not
     assert len(found) == 1 and "the value of --speculative-config (inference_service_speculative)" in found[0]
 
 
@@ -108,7 +108,7 @@ def test_an_all_digit_secret_read_as_a_number_is_still_compared():
 
 def test_a_non_utf8_secret_is_compared_as_given():
     args = {"argv": ["/usr/local/bin/vllm", "serve", "m", "--chat-template", "a sk\udcff b"], "environment": {}}
-    found = inference_service_secret_problems({"api_key": "sk\udcff"}, args)
+    found = inference_service_secret_problems({"hf_token": "sk\udcff"}, args)
     assert len(found) == 1 and "argument 4" in found[0] and "\udcff" not in found[0]
 
 
@@ -139,3 +139,11 @@ def test_wrong_types_are_a_programming_error(secrets, args):
 
 def test_the_filter_is_registered_for_the_role():
     assert FilterModule().filters()["inference_service_secret_problems"] is inference_service_secret_problems
+
+
+def test_an_api_key_no_http_header_can_carry_is_refused_without_showing_it():
+    """The hostile run: a key with a euro sign passed validation, then crashed the health probe
+    ('latin-1' codec can't encode ...) and the run ended without a report."""
+    found = problems({"api_key": "cl\u00e9-\u20ac-key", "admin_api_key": "ok-key"})
+    assert found == ["inference_service_secrets.api_key holds a character outside ASCII, which no HTTP "
+                     "Authorization header can carry."]
