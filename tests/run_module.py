@@ -30,9 +30,15 @@ def ensure_collection_link() -> Path:
 
 
 def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
-               env: dict | None = None, timeout: float = 180, python: str | None = None) -> dict:
-    """Run plugins/modules/<name>.py with params; return its JSON result plus 'rc'."""
-    collections = ensure_collection_link()
+               env: dict | None = None, timeout: float = 180, python: str | None = None,
+               collections: Path | None = None) -> dict:
+    """Run plugins/modules/<name>.py with params; return its JSON result plus 'rc'.
+
+    collections: a directory holding ansible_collections/cleanslate/gpu whose module runs instead
+    of this checkout's (tests/readable_copy.py makes one that another user can read)."""
+    root = collections / "ansible_collections" / "cleanslate" / "gpu" if collections else REPO
+    module = root / "plugins" / "modules" / f"{name}.py"
+    collections = collections or ensure_collection_link()
     args = dict(params)
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
@@ -46,7 +52,7 @@ def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
     try:
         proc = subprocess.run(
             [python or os.environ.get(MODULE_PYTHON_ENV) or sys.executable,
-             str(REPO / "plugins" / "modules" / f"{name}.py"), args_path],
+             str(module), args_path],
             capture_output=True, text=True, env=run_env, timeout=timeout, check=False,
         )
     finally:
