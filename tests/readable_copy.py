@@ -12,7 +12,6 @@ The interpreter is not copied: the user must be able to run the one the test nam
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import stat
 import tempfile
