@@ -15,7 +15,7 @@ PROXMOX_VERSION := 1.4.0
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional release integration lint changelog-lint mutate bench gpu-wheels clean \
+.PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration lint changelog-lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
@@ -51,14 +51,31 @@ sanity: setup
 	cd $(BUILD)/ansible-test/ansible_collections/cleanslate/gpu && \
 		ansible-test sanity --venv --python 3.11 --color no
 
-pytest: unit functional release integration
+pytest: unit functional coverage release integration
+
+# Branch coverage of plugins/ (tests/coveragerc), for reading: no threshold. `make unit` measures the
+# unit tests in pytest's process, `make functional` the modules tests/run_module.py starts; each
+# layer's data goes to build/coverage/<layer> (emptied first), and `make coverage` prints one table
+# per file for the layers found there.
+coverage_env = COVERAGE_RCFILE=$(CURDIR)/tests/coveragerc CLEANSLATE_CHECKOUT=$(CURDIR) \
+	COVERAGE_FILE=$(CURDIR)/$(BUILD)/coverage/$(1)
 
 unit: setup
-	$(PY) -m pytest tests/unit -q
+	rm -rf $(BUILD)/coverage/unit && mkdir -p $(BUILD)/coverage/unit
+	$(call coverage_env,unit/data) $(PY) -m coverage run -m pytest tests/unit -q
 
 # Functional tests wait on real processes and signals: run them four at a time.
 functional: setup
-	$(PY) -m pytest tests/functional -q -n 4
+	rm -rf $(BUILD)/coverage/functional && mkdir -p $(BUILD)/coverage/functional
+	$(call coverage_env,functional/data) $(PY) -m pytest tests/functional -q -n 4
+
+coverage: setup
+	@layers=$$(for layer in unit functional; do [ -d $(BUILD)/coverage/$$layer ] && echo $(BUILD)/coverage/$$layer; done); \
+	[ -n "$$layers" ] || { echo "coverage: no data under $(BUILD)/coverage (make unit, make functional)"; exit 1; }; \
+	export $(call coverage_env,data) && rm -f $$COVERAGE_FILE && \
+	$(PY) -m coverage combine --keep -q $$layers && \
+	echo "Branch coverage of plugins/ in:" $$layers "(the lines: $(BUILD)/coverage/html/index.html)" && \
+	$(PY) -m coverage report && $(PY) -m coverage html -q -d $(BUILD)/coverage/html
 
 # The released artifact: the tarball built, installed alone outside the checkout and run by FQCN,
 # ansible-doc of everything it ships, ansible-runner as AWX runs jobs, the EE definition rendered.

@@ -30,25 +30,35 @@ def ensure_collection_link() -> Path:
 
 
 def run_module(name: str, params: dict, check: bool = False, diff: bool = False,
-               env: dict | None = None, timeout: float = 180, python: str | None = None) -> dict:
-    """Run plugins/modules/<name>.py with params; return its JSON result plus 'rc'."""
-    collections = ensure_collection_link()
+               env: dict | None = None, timeout: float = 180, python: str | None = None,
+               collections: Path | None = None) -> dict:
+    """Run plugins/modules/<name>.py with params; return its JSON result plus 'rc'.
+
+    collections: a directory holding ansible_collections/cleanslate/gpu whose module runs instead
+    of this checkout's (tests/readable_copy.py makes one that another user can read)."""
+    root = collections / "ansible_collections" / "cleanslate" / "gpu" if collections else REPO
+    module = root / "plugins" / "modules" / f"{name}.py"
+    search = collections or ensure_collection_link()
     args = dict(params)
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
     run_env = dict(os.environ)
     run_env.update(env or {})
     # The collection first; keep what the caller had (e.g. ansible installed with --target).
-    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(collections), run_env.get("PYTHONPATH")]))
+    run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(search), run_env.get("PYTHONPATH")]))
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
         args_path = handle.name
+    interpreter = python or os.environ.get(MODULE_PYTHON_ENV)
+    command = [interpreter or sys.executable, str(module), args_path]
+    # `make unit` and `make functional` measure the plugins' branch coverage (tests/coveragerc): a
+    # module that this interpreter runs from this checkout runs under `coverage run`, in the same
+    # process, and the processes it starts run as they would (not measured). A module run by another
+    # interpreter (a wrapper, the oldest Python) or from a copy (as another user) is not measured.
+    if os.environ.get("COVERAGE_RCFILE") and interpreter is None and collections is None:
+        command[1:1] = ["-m", "coverage", "run"]
     try:
-        proc = subprocess.run(
-            [python or os.environ.get(MODULE_PYTHON_ENV) or sys.executable,
-             str(REPO / "plugins" / "modules" / f"{name}.py"), args_path],
-            capture_output=True, text=True, env=run_env, timeout=timeout, check=False,
-        )
+        proc = subprocess.run(command, capture_output=True, text=True, env=run_env, timeout=timeout, check=False)
     finally:
         os.unlink(args_path)
     try:

@@ -110,6 +110,7 @@ class Namespace(object):
         self.procs = []
         self.scratch = Path(tempfile.mkdtemp(prefix="pidns-"))
         self.scratch.chmod(0o755)
+        self.readable = None  # the modules copied for runs as another user (tests/readable_copy.py)
 
     def start(self, argv_extra=(), uid=None, python=None, **spec) -> dict:
         """Start a holder (see HOLDER; spec keys: key, name ("hex:..." for raw bytes), open, map,
@@ -164,19 +165,28 @@ class Namespace(object):
                uid: int | None = None, python: str | None = None) -> dict:
         """Run a module as Ansible does (tests/run_module.py), as root or as user `uid`, with
         this machine's interpreter or `python`."""
+        from tests import readable_copy  # pylint: disable=import-outside-toplevel
         from tests.run_module import run_module  # pylint: disable=import-outside-toplevel
+        collections = None
         if uid is not None:
             # The arguments file is root's; this shell opens it before setpriv drops to the user,
             # and the module reads its arguments from stdin, as AnsibleModule does without argv[1].
             python = self.scratch / ("python-as-%d" % uid)
             python.write_text('#!/bin/sh\nexec %s %s "$1" < "$2"\n' % (" ".join(as_user(uid)), sys.executable))
             python.chmod(0o755)
-        result = run_module(name, params, check=check, diff=diff, env=env, python=str(python) if python else None)
+            # The checkout may be closed to the user (a clone in root's home): a copy it can read.
+            if self.readable is None:
+                self.readable = readable_copy.modules()
+            collections = self.readable
+        result = run_module(name, params, check=check, diff=diff, env=env, python=str(python) if python else None,
+                            collections=collections)
         self.reap()
         return result
 
     def close(self):
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self.readable is not None:
+            shutil.rmtree(self.readable, ignore_errors=True)
 
 
 def as_user(uid) -> list:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import readable_copy
 from tests.run_module import run_module
 from tests.sim import procinfo
 from tests.syscall_gate import SyscallGate
@@ -630,18 +631,26 @@ def wrapper(tmp_path, name, body):
     return str(script)
 
 
-# The system's interpreter (root's may live under /root, closed to nobody) with our ansible.
+# The system's interpreter (root's may live under /root, closed to nobody) with a copy of the
+# modules and ansible's module_utils that nobody can read (the checkout may be closed to it too).
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]
 
 
-def as_nobody(tmp_path, inside=""):
-    """(python for run_module, env): the module run as user nobody; inside, a shell command run as
-    root before it (in the same shell), such as a mount in a private mount namespace."""
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p.endswith("site-packages")), "HOME": "/tmp"}
+@pytest.fixture
+def nobody_modules():
+    top = readable_copy.modules()
+    yield top
+    readable_copy.remove(top)
+
+
+def as_nobody(tmp_path, modules, inside=""):
+    """(python for run_module, env): the module run as user nobody from `modules` (pass it to
+    run_module as collections too); inside, a shell command run as root before it (in the same
+    shell), such as a mount in a private mount namespace."""
+    env = {"PYTHONPATH": str(modules), "HOME": "/tmp"}
     probe = subprocess.run(AS_NOBODY + ["-c", "import ansible.module_utils.basic"], env=dict(os.environ, **env),
                            capture_output=True, check=False)
-    if probe.returncode:
-        pytest.skip("user nobody cannot import ansible from this environment: %s" % probe.stderr[-200:])
+    assert probe.returncode == 0, "user nobody cannot import ansible from %s: %s" % (modules, probe.stderr[-300:])
     if not inside:
         return wrapper(tmp_path, "as-nobody", 'exec %s "$1" < "$2"' % " ".join(AS_NOBODY)), env
     body = "exec unshare --mount --propagation private sh -c '%s && exec %s \"$0\"' \"$1\" < \"$2\"" % (
@@ -650,7 +659,7 @@ def as_nobody(tmp_path, inside=""):
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
-def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, procs, tmp_path):
+def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, procs, tmp_path, nobody_modules):
     """Run as nobody, the module cannot read root's processes: a segment that only a root process
     maps looks unused to it. It must keep every regular file and say why, not remove them."""
     held = leftover(shm_dir, "nccl-held-by-root")
@@ -658,9 +667,9 @@ def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, pro
     (shm_dir / "nccl-link").symlink_to(idle)
     start_in_namespace(procs, held, "map")
     shm_dir.chmod(0o777)  # nobody may list and unlink here
-    nobody, env = as_nobody(tmp_path)
+    nobody, env = as_nobody(tmp_path, nobody_modules)
 
-    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env)
+    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env, collections=nobody_modules)
 
     assert result["rc"] == 0, result
     assert paths(result["removed"]) == {"nccl-link"}  # a link is removed as a link: nobody uses a name
@@ -673,7 +682,7 @@ def test_without_root_entries_whose_users_cannot_be_proven_are_kept(shm_dir, pro
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or shutil.which("unshare") is None,
                     reason="needs root, setpriv and unshare")
-def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, procs, tmp_path):
+def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, procs, tmp_path, nobody_modules):
     """On a /proc mounted hidepid=1, another user's /proc/PID/stat cannot be read, so whether the
     creator of a torch_<pid>_* segment lives is unknown: it counts as alive and is named as its user."""
     creator = subprocess.Popen(["sleep", "600"])
@@ -681,7 +690,7 @@ def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, pro
     segment = leftover(shm_dir, "torch_%d_1_0" % creator.pid)
     shm_dir.chmod(0o777)
     hidepid = "mount -t proc -o hidepid=1 proc /proc"
-    nobody, env = as_nobody(tmp_path, inside=hidepid)
+    nobody, env = as_nobody(tmp_path, nobody_modules, inside=hidepid)
     # The premise: as nobody, under that /proc, the creator exists but its state cannot be read.
     seen = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                            '%s && exec "$@"' % hidepid, "sh"] + AS_NOBODY +
@@ -690,7 +699,7 @@ def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, pro
                           capture_output=True, text=True, check=False)
     assert seen.stdout.split() == ["True", "denied"], seen
 
-    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env)
+    result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env, collections=nobody_modules)
 
     assert result["rc"] == 0, result
     assert result["in_use"] == [{"path": str(segment), "pids": [creator.pid]}]

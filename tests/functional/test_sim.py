@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import sim
+from tests import readable_copy, sim
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.sim import procinfo
 from tests.sim.processes import recorded
@@ -63,15 +63,26 @@ def start_sleeper(*extra_args) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *extra_args])
 
 
-def run_cli(*args, user=None, python=sys.executable, unshare=False):
+def run_cli(*args, user=None, python=sys.executable, unshare=False, code=REPO):
+    """python -m tests.sim args, imported from code (the checkout, or a copy another user can
+    read: the sim_copy fixture), as user or as root of a new user namespace."""
     prefix = []
     if user:
         prefix = ["setpriv", "--reuid=%s" % user, "--regid=nogroup", "--clear-groups"]
     if unshare:
         prefix = ["unshare", "--user", "--map-root-user"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
-    return subprocess.run(prefix + [python, "-m", "tests.sim", *args], cwd=REPO, env=env,
+    env = dict(os.environ, PYTHONPATH=str(code), PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run(prefix + [python, "-m", "tests.sim", *args], cwd=code, env=env,
                           capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture
+def sim_copy(fake_nvml_lib):
+    """The simulator, and the fake library under fake_nvml/, where another user can read them: the
+    checkout may be closed to it (a clone in root's home)."""
+    top = readable_copy.simulator(fake_nvml_lib)
+    yield top
+    readable_copy.remove(top)
 
 
 @pytest.fixture
@@ -338,11 +349,11 @@ def test_bad_arguments_give_one_error_and_create_nothing(tmp_path, args, message
 
 
 @pytest.mark.parametrize("how", ["nobody", "user-namespace root"])
-def test_char_devices_without_permission_give_one_error_and_create_nothing(shared_tmp, fake_nvml_lib, how):
+def test_char_devices_without_permission_give_one_error_and_create_nothing(shared_tmp, sim_copy, how):
     root = shared_tmp / "node"
-    ran = run_cli("crash", "--root", str(root), "--device-kind", "char", "--lib-dir", str(fake_nvml_lib),
+    ran = run_cli("crash", "--root", str(root), "--device-kind", "char", "--lib-dir", str(sim_copy / "fake_nvml"),
                   python="/usr/bin/python3", user="nobody" if how == "nobody" else None,
-                  unshare=how != "nobody")
+                  unshare=how != "nobody", code=sim_copy)
     assert ran.returncode == 2, ran.stderr
     assert ran.stderr.count("\n") == 1 and "cannot create character devices" in ran.stderr
     assert os.listdir(shared_tmp) == []
@@ -350,21 +361,21 @@ def test_char_devices_without_permission_give_one_error_and_create_nothing(share
 
 
 @pytest.mark.parametrize("mode, message", [(0o755, "no write permission"), (0o700, "cannot reach")])
-def test_root_where_the_user_may_not_create_it_is_refused(shared_tmp, mode, message):
+def test_root_where_the_user_may_not_create_it_is_refused(shared_tmp, sim_copy, mode, message):
     closed = shared_tmp / "closed"
     closed.mkdir()
     closed.chmod(mode)  # root's: nobody may not write here (0755) or not even look in (0700)
-    ran = run_cli("crash", "--root", str(closed / "node"), python="/usr/bin/python3", user="nobody")
+    ran = run_cli("crash", "--root", str(closed / "node"), python="/usr/bin/python3", user="nobody", code=sim_copy)
     assert ran.returncode == 2
     assert ran.stderr.count("\n") == 1 and message in ran.stderr, ran.stderr
     assert os.listdir(closed) == []
 
 
-def test_unprivileged_user_gets_plain_device_files_with_system_python(shared_tmp, fake_nvml_lib):
+def test_unprivileged_user_gets_plain_device_files_with_system_python(shared_tmp, sim_copy):
     """auto falls back to plain files; the simulator needs only the standard library."""
     root = shared_tmp / "node"
-    ran = run_cli("crash", "--root", str(root), "--gpus", "2", "--tp", "1", "--lib-dir", str(fake_nvml_lib),
-                  python="/usr/bin/python3", user="nobody")
+    ran = run_cli("crash", "--root", str(root), "--gpus", "2", "--tp", "1", "--lib-dir", str(sim_copy / "fake_nvml"),
+                  python="/usr/bin/python3", user="nobody", code=sim_copy)
     try:
         assert ran.returncode == 0, ran.stderr
         manifest = json.loads(ran.stdout)
@@ -374,7 +385,7 @@ def test_unprivileged_user_gets_plain_device_files_with_system_python(shared_tmp
         assert set(worker["devices"]) <= open_files(worker["pid"])
         assert os.stat("/proc/%d" % worker["pid"]).st_uid == 65534
     finally:
-        cleaned = run_cli("clean", "--root", str(root), python="/usr/bin/python3", user="nobody")
+        cleaned = run_cli("clean", "--root", str(root), python="/usr/bin/python3", user="nobody", code=sim_copy)
     assert cleaned.returncode == 0, cleaned.stderr
     assert not root.exists()
 
