@@ -15,7 +15,7 @@ PROXMOX_VERSION := 1.4.0
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration lint changelog-lint mutate bench gpu-wheels clean \
+.PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
@@ -84,7 +84,13 @@ release: setup
 
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: setup
-	$(PY) -m pytest tests/integration -q -m "not ee"
+	$(PY) -m pytest tests/integration -q -m "not ee and not hostile"
+
+# The hostile run of the serve layer (tests/integration/test_serve_hostile_fleet.py): every
+# promise of docs/inference_service.md attacked on the fleet, some 160 cases, about 18 min on 2
+# cores; too long for every CI run, run before a release and after any change to the serve layer.
+hostile: setup
+	$(PY) -m pytest tests/integration/test_serve_hostile_fleet.py -q -m hostile
 
 lint: setup
 	ansible-lint --profile production

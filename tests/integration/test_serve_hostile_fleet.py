@@ -28,7 +28,7 @@ from tests.integration.test_inference_service_fleet import (  # noqa: F401 pylin
     ANSIBLE_PLAYBOOK, API_KEY, HF_TOKEN, HOSTS, REPO, SGLANG_KEY, SPEC_VLLM, UNIT, base_vars, served)
 from tests.integration.test_serve_safety_fleet import FOREIGN, main_pid
 
-pytestmark = pytest.mark.fleet
+pytestmark = [pytest.mark.fleet, pytest.mark.hostile]
 
 DELETE = object()
 MODES = ("run", "check")
