@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (inference_service_secret_problems,
-                                                                                  secret_masker)
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
+    inference_service_secret_problems, secret_masker)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 

@@ -117,7 +117,6 @@ def test_a_slow_foreign_server_on_the_units_port_is_named_by_the_probe_not_calle
     assert probe["port_holder"]["pid"] == pid
 
 
-
 def test_a_foreign_program_that_answers_no_200_is_named_at_once_not_after_the_deadline(tmp_path):
     """The hostile run: a listener outside the unit that answered garbage (or 404, 500) was taken
     for an engine still loading, and the gate waited out its whole deadline naming nobody."""

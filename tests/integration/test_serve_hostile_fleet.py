@@ -14,7 +14,6 @@ SIGSTOPped engine, the unit stopped during the gate) each run their own play and
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -215,6 +214,7 @@ def key(tag: str) -> str:
 
 def env_secret(tag: str) -> str:
     return "wandb-SeCrEt-%s-4242-zz" % tag
+
 
 QUOTED_KEY = 'sk-"quoted"\\back$DOLLAR%pct'
 
@@ -545,7 +545,7 @@ ACCEPTED = {
         "node1", {"inference_service_extra_args": ["--ssl-certfile", "/etc/c.pem", "--ssl-ca-certs", "ca.pem"]},
         lambda svc: svc["url"] == "https://127.0.0.1:8000"),
     "api_server_count_4": (
-        "node2" if False else "node1", {"inference_service_extra_args": ["--api-server-count", "4"]},
+        "node1", {"inference_service_extra_args": ["--api-server-count", "4"]},
         lambda svc: "--api-server-count" in svc["argv"]),
     "host_ipv6_loopback_is_an_address": (
         "node3", {"inference_service_host": "::1"}, lambda svc: svc["url"] == "http://[::1]:8000"),
