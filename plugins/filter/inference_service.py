@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import not_texts
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
 NUMBERS = (
@@ -55,8 +56,16 @@ def inference_service_problems(values):
     if not isinstance(values, Mapping):
         raise TypeError("inference_service_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
-    problems = (_role_spec.number_problems(NUMBERS, values)
-                + _role_spec.spec_problems(spec(), values, skip=tuple(rule[0] for rule in NUMBERS)))
+    skip = tuple(rule[0] for rule in NUMBERS)
+    problems = _role_spec.number_problems(NUMBERS, values)
+    extra = values.get("inference_service_extra_args")
+    if isinstance(extra, list) and any(isinstance(item, bool) or not isinstance(item, (str, int, float))
+                                       for item in extra):
+        # Not the whole list: an item may be a secret flag's value that no secret declares.
+        problems.append("inference_service_extra_args has %s: it must be a list of texts (each flag and each value "
+                        "its own item)." % not_texts(extra))
+        skip += ("inference_service_extra_args",)
+    problems += _role_spec.spec_problems(spec(), values, skip=skip)
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
     secrets = values.get("inference_service_secrets")

@@ -752,6 +752,11 @@ def stay(module, params, baseline, ready_at, result):
     state = unit_state(module, params["unit"])
     result["unit"] = state
     why = unstable(state, baseline)
+    if not why:
+        # Alive to systemd is not answering: a hung engine (stopped, deadlocked) stays "active".
+        verdict, seen = probe(params, health_timeout(params))
+        if verdict != "healthy":
+            why = "stopped answering after it first did (%s)" % seen
     if why:
         lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
         raise GateError("unit %s %s after the server answered; the journal lines of the invocation that answered:\n%s"

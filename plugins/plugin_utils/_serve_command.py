@@ -65,6 +65,17 @@ SECRET_FLAGS = {"ssl_keyfile_password": "use a key file without a password, read
 CERT_REQUIRED = 2
 
 
+def not_texts(items) -> str:
+    """What is wrong with a list that must hold texts, showing only the items that are not:
+    the others may be a secret flag's value (["--api-key", KEY, null])."""
+    if not isinstance(items, list):
+        return "a %s" % type(items).__name__
+    bad = ["item %d is %s" % (index, json.dumps(item, default=str)[:40])
+           for index, item in enumerate(items, 1)
+           if isinstance(item, bool) or not isinstance(item, (str, int, float))]
+    return "%d item(s) that are not texts: %s" % (len(bad), ", ".join(bad[:5]) + (", ..." if len(bad) > 5 else ""))
+
+
 class ServeConfigError(ValueError):
     """Every problem of a configuration, each one sentence."""
 
@@ -454,7 +465,7 @@ class _Builder:
         if not isinstance(extra, list) or not all(isinstance(item, (str, int, float)) and not isinstance(item, bool)
                                                   for item in extra):
             self.problem("%s must be a list of strings (each flag and each value its own item), got %s"
-                         % (where, _shown(extra)))
+                         % (where, not_texts(extra)))
             return []
         if len(extra) > EXTRA_ARGS_MAX_ITEMS:
             self.problem("%s has %d items: at most %d (each option and value is one item; the engines have about "

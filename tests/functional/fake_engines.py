@@ -77,6 +77,8 @@ def fake_engine_process(routes: dict, tls: dict | None = None):
 
 
 def _handler(routes):
+    answered = {}  # path: how many requests it got
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -92,6 +94,10 @@ def _handler(routes):
                 route = {"status": 404, "json": {"detail": "Not Found"}}
             if route.get("exit"):
                 os._exit(1)
+            answered[self.path] = answered.get(self.path, 0) + 1
+            # "hang_after": N answers, then no answer for that long (a server that stops answering).
+            if route.get("hang_after") is not None and answered[self.path] > route["hang_after"]:
+                time.sleep(route.get("hang_s", 60))
             time.sleep(route.get("delay", 0))
             if "text" in route:
                 body = route["text"].encode("utf-8")

@@ -138,3 +138,17 @@ def test_a_key_no_http_header_can_carry_is_one_sentence_before_any_request(tmp_p
                 "api_key holds a character outside ASCII, which no HTTP Authorization header can carry"), result
             assert "\u20ac" not in str(result) and "position" not in str(result)
     assert systemd.calls("systemctl") == []  # refused before anything was asked
+
+
+def test_a_server_that_stops_answering_after_readiness_is_not_ready(tmp_path):
+    """The hostile run: an engine stopped (SIGSTOP) after its smoke completions is still `active`
+    to systemd, and the gate reported it ready; the last look now asks the server itself."""
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/")], JOURNAL)
+    routes = serving()
+    routes["/health"] = {"hang_after": 1, "hang_s": 30}
+    with fake_engine_process(routes) as (port, dummy):
+        result = gate(systemd, port, health_timeout=0.5, stable_s=0.2)
+    assert result["rc"] == 1, result
+    assert "stopped answering after it first did (/health accepted the connection but gave no answer within 0.5 s)" \
+        in result["msg"], result["msg"]
+    assert result["journal"] == JOURNAL

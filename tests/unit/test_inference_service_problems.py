@@ -57,4 +57,14 @@ def test_a_list_refused_as_a_whole_never_shows_a_secret_it_holds():
     found = inference_service_problems({"inference_service_extra_args": ["--api-key", key, None],
                                         "inference_service_secrets": {"api_key": key}})
     assert found and all(key not in sentence for sentence in found), found
-    assert any("inference_service_extra_args" in sentence and "********" in sentence for sentence in found), found
+    assert any(sentence.startswith("inference_service_extra_args has 1 item(s) that are not texts: item 3 is null")
+               for sentence in found), found
+
+
+def test_a_list_with_an_item_that_is_no_text_shows_only_that_item():
+    """The hostile run: ["--api-key", KEY, null] on a host that declares no secret printed the
+    whole list, KEY and all."""
+    key = "sk live UNDECLARED"
+    for bad, shown in ((None, "item 3 is null"), (True, "item 3 is true"), ({"a": 1}, 'item 3 is {"a": 1}')):
+        found = inference_service_problems({"inference_service_extra_args": ["--api-key", key, bad]})
+        assert len(found) == 1 and shown in found[0] and key not in found[0], found
