@@ -676,6 +676,15 @@ def _background_play(served_fleet, limit, extra=()):
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _end_and_heal(served_fleet, popen) -> None:
+    """After a background play: end it if it still runs, and serve node3 again (heal() clears the
+    fault and puts its base variables back)."""
+    if popen.poll() is None:
+        popen.kill()
+        popen.wait(timeout=30)
+    served_fleet.heal("node3")
+
+
 def _finish(served_fleet, popen, timeout=300):
     out, dummy = popen.communicate(timeout=timeout)
     found = sorted((served_fleet.workdir / "reports").glob("reset_and_serve-*.json"))
@@ -817,13 +826,9 @@ def test_sigstopped_engine_during_the_gate_fails_in_bounded_time(hostile):
         assert rc == 2 and service["status"] == "failed", service
         assert "Traceback" not in out
     finally:
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait(timeout=30)
         if stopped:
             s.fleet.run("node3", ["kill", "-CONT", str(stopped)], check=False)
-        s.vars["node3"] = base_vars("node3")
-        s.heal("node3")
+        _end_and_heal(s, popen)
 
 
 def test_unit_stopped_by_hand_during_the_gate_fails_at_once(hostile):
@@ -843,9 +848,4 @@ def test_unit_stopped_by_hand_during_the_gate_fails_at_once(hostile):
         assert rc == 2 and service["status"] == "failed", service
         assert "Traceback" not in out
     finally:
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait(timeout=30)
-        s.fault("node3")
-        s.vars["node3"] = base_vars("node3")
-        s.heal("node3")
+        _end_and_heal(s, popen)

@@ -125,27 +125,25 @@ def test_the_new_options_reach_the_module_and_the_actions_own_do_not():
     assert not {"timeout", "progress_interval", "min_acceptance_rate", "fail_on_degraded"} & set(sent)
 
 
-def test_the_progress_line_and_the_deadline_message_show_no_secret(capsys):
-    secret = "zq7 'quoted' key"
+SECRET = "zq7 'quoted' key"
 
-    def echoing(module_args):
-        answer = waiting(module_args)
-        answer["last_seen"] = "/health HTTP 401 for key %r" % secret
-        return answer
-    result, dummy = run(echoing, timeout=1, progress_interval=1, secrets=[secret], api_key="k3y-zq7")
+
+def echoing(module_args):
+    """A round that waits and echoes the key in what it saw, as a server's error body may."""
+    answer = waiting(module_args)
+    answer["last_seen"] = "/health HTTP 401 for key %r" % SECRET
+    return answer
+
+
+def test_the_progress_line_and_the_deadline_message_show_no_secret(capsys):
+    result, dummy = run(echoing, timeout=1, progress_interval=1, secrets=[SECRET], api_key="k3y-zq7")
     out = capsys.readouterr().out
     assert "zq7" not in out and "zq7" not in result["msg"]
     assert '/health HTTP 401 for key "********"' in result["msg"]
 
 
 def test_the_progress_lines_printed_between_rounds_show_no_secret(capsys):
-    secret = "zq7 'quoted' key"
-
-    def echoing(module_args):
-        answer = waiting(module_args)
-        answer["last_seen"] = "/health HTTP 401 for key %r" % secret
-        return answer
-    result, calls = run(echoing, timeout=3, progress_interval=1, secrets=[secret])
+    result, calls = run(echoing, timeout=3, progress_interval=1, secrets=[SECRET])
     out = capsys.readouterr().out
     assert len(calls) >= 2 and out.count("gpu1: waiting for") >= 1, out  # lines were printed
     assert "zq7" not in out and '/health HTTP 401 for key "********"' in out, out
