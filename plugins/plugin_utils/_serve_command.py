@@ -24,6 +24,7 @@ import shlex
 from urllib.parse import urlsplit, urlunsplit
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import EngineFlags, FlagError
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _speculative_rules
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _systemd_quote as systemd
 
 PREFIX = "inference_service_"
@@ -154,6 +155,7 @@ class _Builder:
         self.problems = []
         self.warnings = []
         self.owned = {}  # dest -> the variable that sets it
+        self.running = {}  # what vLLM will run: its method after the name guess, the draft's tensor-parallel size
         self.reach = {"scheme": "http", "ca_path": "", "validate_certs": True}  # how the gate reaches the API
 
     def problem(self, text: str) -> None:
@@ -327,6 +329,11 @@ class _Builder:
             self.problem("%s.draft_tensor_parallel_size must be 1 or the target's %s (%d), got %d"
                          % (where, _var("tensor_parallel_size"), target_tp, draft_tp))
         self._check_schedule(spec)
+        problems, warnings, self.running = _speculative_rules.check(
+            spec, self.flags.version, target_tp, data.get("method_aliases", []), self.s["model"])
+        for problem in problems:
+            self.problem(problem)
+        self.warnings += warnings
         # With spaces and quotes: exactly what the unit's quoting must carry through intact.
         return [self.flags.flag_of("speculative_config"), json.dumps(spec, sort_keys=True)]
 
@@ -717,6 +724,6 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         "ca_path": builder.reach["ca_path"],
         "served_name": settings["served_name"] or settings["model"],
         "timeout_stop_sec": settings["drain_timeout"] + STOP_MARGIN_S,
-        "speculative": {"enabled": bool(spec), "method": spec.get(method_key)},
+        "speculative": dict({"enabled": bool(spec), "method": spec.get(method_key)}, **builder.running),
         "warnings": builder.warnings,
     }

@@ -59,7 +59,9 @@ def test_vllm_command_line_with_eagle3_and_a_batch_size_schedule():
     assert argv[-3:] == ["--max-num-seqs", "256", "--enable-prefix-caching"]
     assert built["url"] == "http://127.0.0.1:8000"
     assert built["timeout_stop_sec"] == 60
-    assert built["speculative"] == {"enabled": True, "method": "eagle3"}
+    assert built["speculative"] == {
+        "enabled": True, "method": "eagle3", "method_given": "eagle3", "draft_tensor_parallel_size": 4,
+        "note": "the draft runs with the target's tensor-parallel size (4): draft_tensor_parallel_size is not set"}
 
 
 def test_defaults_leave_the_engine_defaults_alone():
