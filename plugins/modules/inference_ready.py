@@ -25,7 +25,8 @@ description:
   - Once healthy, checks that C(/v1/models) lists O(served_name), sends O(completions) real completions (with
     O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
-    SGLang C(sglang:spec_accept_rate) and C(sglang:spec_accept_length), which need C(--enable-metrics)).
+    SGLang C(sglang:spec_accept_rate) and C(sglang:spec_accept_length), which need C(--enable-metrics) and read 0,
+    unknown here, until C(--decode-log-interval) decode steps have run).
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
     until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
   - Changes nothing on the host. C(changed) is always false.
@@ -311,6 +312,9 @@ speculation:
     - The acceptance read back from C(/metrics). C(acceptance_rate) is accepted / drafted tokens, C(mean_acceptance_length)
       includes the bonus token (1 + accepted / drafts); both null when nothing was drafted or the metrics are missing
       (C(available) false, with C(note)).
+    - SGLang's gauges cover the last window of C(--decode-log-interval) decode steps (40 by default) and read 0 until the
+      first window is logged; a gauge that reads 0 leaves the acceptance unknown (C(available) false, with C(note)), never
+      V(degraded).
   returned: when O(speculative) and the server is ready in gate mode
   type: dict
   sample: {"available": true, "acceptance_rate": 0.71, "mean_acceptance_length": 3.13, "drafts": 120,
@@ -349,6 +353,9 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Mas
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
                    "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ControlGroup")
 INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
+SGLANG_WINDOW_NOTE = ("SGLang has not logged a window of decode steps yet: its sglang:spec_accept_rate and "
+                      "spec_accept_length gauges read 0 until --decode-log-interval decode steps (40 by default) have run, "
+                      "more than the smoke completions make; lower --decode-log-interval to have them read")
 # A health request's own bound: SGLang's /health runs a one-token generation, up to 20 s under load.
 DEFAULT_HEALTH_TIMEOUT_S = {"vllm": 10.0, "sglang": 30.0}
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
@@ -732,6 +739,11 @@ def speculation(params):
             return {"available": False, "note": "/metrics has no sglang:spec_accept_rate"}
         rates = values["sglang:spec_accept_rate"]
         lengths = values.get("sglang:spec_accept_length", [])
+        if any(length == 0 for length in lengths):
+            # SGLang sets both gauges once every --decode-log-interval decode steps, from that window
+            # alone; until the first window their value is 0. A logged window's length counts the
+            # bonus token of every step, so it is at least 1: a 0 is a window not logged yet.
+            return {"available": False, "note": SGLANG_WINDOW_NOTE}
         impossible = impossible_gauges(rates, lengths)
         if impossible:
             return {"available": False, "note": impossible}

@@ -109,3 +109,25 @@ def test_bad_parameters_fail_before_any_request(params, message):
     args.update(params)
     result = run_module("inference_ready", args)
     assert result["rc"] == 1 and message in result["msg"], result
+
+
+def test_sglang_gauges_before_their_first_window_leave_the_acceptance_unknown(node):  # noqa: F811
+    """SGLang logs its acceptance gauges once every --decode-log-interval decode steps (40) and reads
+    0 before: the gate's two completions of 25 tokens (20 steps at 50% of 3 drafts) do not fill a
+    window, so a fresh server's acceptance is unknown, with why, never 0% (degraded)."""
+    args = ["--served-model-name", "llama", "--enable-metrics", "--speculative-algorithm", "EAGLE3",
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    with engine(node, "sglang", args, STANDIN_ACCEPTANCE=0.5) as served:
+        served.wait_ready()
+        result = gate(served, engine_name="sglang", speculative=True)
+        assert result["rc"] == 0 and result["state"] == "ready", result
+        spec = result["speculation"]
+        assert spec["available"] is False and spec.get("acceptance_rate") is None, spec
+        assert spec["note"].startswith("SGLang has not logged a window of decode steps yet"), spec
+        assert "--decode-log-interval" in spec["note"]
+    # With a window the smoke completions fill, the gauges are read.
+    with engine(node, "sglang", args + ["--decode-log-interval", "5"], STANDIN_ACCEPTANCE=0.5) as served:
+        served.wait_ready()
+        spec = gate(served, engine_name="sglang", speculative=True)["speculation"]
+        assert spec["available"] is True and abs(spec["acceptance_rate"] - 0.5) < 0.07, spec
+        assert spec["source"] == "sglang:spec_accept_rate and sglang:spec_accept_length gauges"

@@ -225,3 +225,20 @@ def test_bad_settings_are_refused_before_anything_starts(node, env, message):
         assert served.proc.wait(timeout=60) == 2
         assert message in served.proc.stderr.read()
     assert node["nvml"].registrations() == []
+
+
+def test_sglang_gauges_read_zero_until_a_window_of_decode_steps_is_logged(node):
+    """As SGLang's metrics reporter: nothing is logged before --decode-log-interval (40) decode steps,
+    then each window alone sets the gauges."""
+    args = ["--enable-metrics", "--speculative-algorithm", "NGRAM"]
+    with engine(node, "sglang", args, STANDIN_ACCEPTANCE=0.5) as served:
+        served.wait_ready()
+        # 3 drafts at 50%: 1.5 accepted a step, 2.5 tokens a step; 80 tokens are 32 steps.
+        served.post("/v1/completions", {"model": "sim/Llama-3.1-8B", "prompt": "x", "max_tokens": 80})
+        metrics = served.get("/metrics")[1]
+        assert metric(metrics, "sglang:spec_accept_rate") == 0.0
+        assert metric(metrics, "sglang:spec_accept_length") == 0.0
+        served.post("/v1/completions", {"model": "sim/Llama-3.1-8B", "prompt": "x", "max_tokens": 40})
+        metrics = served.get("/metrics")[1]
+        assert abs(metric(metrics, "sglang:spec_accept_rate") - 0.5) < 0.01
+        assert abs(metric(metrics, "sglang:spec_accept_length") - 2.5) < 0.05

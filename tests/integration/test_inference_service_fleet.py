@@ -63,8 +63,11 @@ def base_vars(name: str) -> dict:
         values.update(inference_service_served_name="llama", inference_service_speculative=SPEC_VLLM,
                       inference_service_secrets={"api_key": API_KEY, "hf_token": HF_TOKEN})
     elif name == "node2":
+        # SGLang's acceptance gauges are logged once every --decode-log-interval decode steps (40): the
+        # gate's three completions of 16 tokens make about 16, so the window is 5 for the gate to read them.
         values.update(inference_service_engine="sglang", inference_service_port=30000,
-                      inference_service_speculative=SPEC_SGLANG, inference_service_secrets={"api_key": SGLANG_KEY})
+                      inference_service_speculative=SPEC_SGLANG, inference_service_secrets={"api_key": SGLANG_KEY},
+                      inference_service_extra_args=["--decode-log-interval", "5"])
     else:
         values.update(inference_service_speculative={"method": "ngram", "num_speculative_tokens": 2,
                                                      "prompt_lookup_max": 4})

@@ -67,7 +67,8 @@ def _options(engine: str, ns, env) -> dict:
             "host": ns.host or base["host"], "port": ns.port or base["port"],
             "fraction": ns.mem_fraction_static or base["fraction"], "api_key": ns.api_key or "",
             "spec_tokens": int(ns.speculative_num_steps or 3) if ns.speculative_algorithm else 0,
-            "speculative": spec, "metrics": bool(ns.enable_metrics), "drain_s": None}
+            "speculative": spec, "metrics": bool(ns.enable_metrics), "drain_s": None,
+            "decode_log_interval": ns.decode_log_interval or server.SGLANG_DECODE_LOG_INTERVAL}
 
 
 def main(engine: str, argv: list, env=None) -> int:
@@ -114,7 +115,8 @@ def main(engine: str, argv: list, env=None) -> int:
         nvml = _nvml(conf["nvml_state"])
         indices = gpus.visible_gpus(env, opts["tp"], str(conf["dev_dir"]), nvml)
         state = server.State(engine, opts["served"], opts["model"], opts["api_key"], opts["spec_tokens"],
-                             conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"])
+                             conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"],
+                             opts.get("decode_log_interval", server.SGLANG_DECODE_LOG_INTERVAL))
         if stop.wait(conf["import_s"]):  # importing: the port is not bound yet
             log("INFO stand-in: stopped while importing")
             return 0

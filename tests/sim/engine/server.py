@@ -8,7 +8,9 @@ metrics collector).
     POST /v1/completions  deterministic text; each decode step drafts k tokens and accepts a
                           fraction of them, which feeds the speculative metrics.
     GET  /metrics         vLLM: vllm:spec_decode_* counters (exposed with _total). SGLang: only with
-                          --enable-metrics; sglang:spec_accept_rate and spec_accept_length gauges.
+                          --enable-metrics; sglang:spec_accept_rate and spec_accept_length gauges,
+                          set as SGLang sets them: once every --decode-log-interval decode steps
+                          (40), from that window alone, and 0.0 until the first window is logged.
     GET  /version         vLLM.
     GET  /sim/state       the stand-in's own: the argv and settings it runs with (tests only).
 
@@ -23,6 +25,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# SGLang's --decode-log-interval default (sglang/srt/arg_groups/fields/observability.py, 0.5.21 to 0.5.23).
+SGLANG_DECODE_LOG_INTERVAL = 40
+
 WORDS = ("Paris. It is the capital and the largest city of France, on the Seine, known for its museums, "
          "its cafes and the tower that Gustave Eiffel built for the fair of 1889.").split()
 
@@ -31,7 +36,8 @@ class State:
     """What the handlers share: counters under a lock, the shutdown flag, in-flight requests."""
 
     def __init__(self, engine: str, served: str, model: str, api_key: str, spec_tokens: int, acceptance: float,
-                 metrics: bool, warmup_s: float, info: dict, health_delay_s: float = 0.0):
+                 metrics: bool, warmup_s: float, info: dict, health_delay_s: float = 0.0,
+                 decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL):
         self.engine = engine
         self.served = served
         self.model = model
@@ -44,24 +50,49 @@ class State:
         self.lock = threading.Lock()
         self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "requests": 0}
         self.owed = 0.0
+        # SGLang's metrics reporter: a window of decode steps, logged to the gauges when full.
+        self.decode_log_interval = decode_log_interval
+        self.window = {"steps": 0, "accept_tokens": 0, "correct_drafts": 0}
+        self.gauges = {"spec_accept_rate": 0.0, "spec_accept_length": 0.0}
         self.in_flight = 0
         self.shutting_down = False
         self.listening_at = time.monotonic()
         self.warm_at = self.listening_at + warmup_s
 
     def decode(self, tokens: int) -> None:
-        """One draft per generated token (a simplification): k drafted, acceptance x k accepted,
-        spread exactly over the steps so the read-back rate equals the configured one."""
+        """vLLM: one draft per generated token (a simplification). SGLang: a decode step yields the
+        accepted drafts and the bonus token, as its reporter counts them. Each draft is k tokens,
+        acceptance x k accepted, spread exactly over the steps so the read-back rate equals the
+        configured one."""
         if not self.spec_tokens:
             return
         with self.lock:
-            for _step in range(tokens):
+            produced = 0
+            while produced < tokens:
                 self.counts["drafts"] += 1
                 self.counts["draft_tokens"] += self.spec_tokens
                 self.owed += self.acceptance * self.spec_tokens
                 accepted = min(self.spec_tokens, int(self.owed))
                 self.owed -= accepted
                 self.counts["accepted_tokens"] += accepted
+                if self.engine == "vllm":
+                    produced += 1
+                else:
+                    produced += 1 + accepted
+                    self._sglang_step(accepted)
+
+    def _sglang_step(self, accepted: int) -> None:
+        """SGLang's report_decode_stats: counts in a window, the gauges set only when the window of
+        decode_log_interval steps is full, from that window alone, then the window restarts."""
+        window = self.window
+        window["steps"] += 1
+        window["accept_tokens"] += 1 + accepted
+        window["correct_drafts"] += accepted
+        if window["steps"] % self.decode_log_interval:
+            return
+        self.gauges = {"spec_accept_rate": window["correct_drafts"] / (window["steps"] * self.spec_tokens),
+                       "spec_accept_length": window["accept_tokens"] / window["steps"]}
+        self.window = {"steps": 0, "accept_tokens": 0, "correct_drafts": 0}
 
     def healthy(self) -> bool:
         return not self.shutting_down and time.monotonic() >= self.warm_at
@@ -162,6 +193,7 @@ class Handler(BaseHTTPRequestHandler):
         state = self.state
         with state.lock:
             counts = dict(state.counts)
+            gauges = dict(state.gauges)
         lines = []
         if state.engine == "vllm":
             labels = '{engine="0",model_name="%s"}' % state.served
@@ -176,10 +208,10 @@ class Handler(BaseHTTPRequestHandler):
             labels = '{model_name="%s"}' % state.served
             lines += ["# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs%s %d" % (labels, state.in_flight)]
             if state.spec_tokens:
-                rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else 0.0
-                length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else 1.0
-                lines += ["# TYPE sglang:spec_accept_rate gauge", "sglang:spec_accept_rate%s %.6f" % (labels, rate),
-                          "# TYPE sglang:spec_accept_length gauge", "sglang:spec_accept_length%s %.6f" % (labels, length)]
+                lines += ["# TYPE sglang:spec_accept_rate gauge",
+                          "sglang:spec_accept_rate%s %.6f" % (labels, gauges["spec_accept_rate"]),
+                          "# TYPE sglang:spec_accept_length gauge",
+                          "sglang:spec_accept_length%s %.6f" % (labels, gauges["spec_accept_length"])]
         return "\n".join(lines) + "\n"
 
 
