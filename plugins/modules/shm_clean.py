@@ -66,7 +66,8 @@ options:
       - A pattern must not contain C(/) or C(..).
     type: list
     elements: str
-    default: ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*']
+    default: ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*', 'sgl_shm_*', 'multi_tokenizer_args_*',
+              'sglang_loads_*', 'sglang_host_pool_*', 'cuda.shm.*']
   exclude:
     description:
       - Names matching any of these shell-style patterns are left alone even when they match O(patterns).
@@ -223,7 +224,22 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail
 from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import directory_device, users
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
-DEFAULT_PATTERNS = ['nccl-*', 'psm_*', 'sem.mp-*', 'sem.loky-*', 'torch_*', '*vllm*']
+# Each pattern is one program's family of names, read in its sources (SGLang 0.5.21 to 0.5.23, vLLM 0.31 to 0.33);
+# none is a name people give their own files.
+DEFAULT_PATTERNS = [
+    'nccl-*',                  # NCCL's communicator segments
+    'psm_*',                   # Python multiprocessing.shared_memory's unnamed segments (vLLM's broadcast rings)
+    'sem.mp-*',                # multiprocessing's named semaphores
+    'sem.loky-*',              # loky / joblib semaphores
+    'torch_*',                 # PyTorch's shared tensors and CUDA IPC ref counters (torch_<pid>_...)
+    '*vllm*',                  # vLLM's own files, among them vllm_offload_<engine id>.mmap (KV offload, issue 54002)
+                               # and vllm_ec_<engine id>.mmap
+    'sgl_shm_*',               # SGLang's segments: sgl_shm_<kind>_<pid>_<random> (mm, mq, nodecheck)
+    'multi_tokenizer_args_*',  # SGLang's multi-tokenizer server arguments, multi_tokenizer_args_<pid>
+    'sglang_loads_*',          # SGLang's load snapshot slots, sglang_loads_<name>_<digest>.shm
+    'sglang_host_pool_*',      # SGLang's host KV pool when memfd_create is missing, sglang_host_pool_<uuid>.mmap
+    'cuda.shm.*',              # CUDA IPC segments, which SGLang's own stale-segment sweep lists too
+]
 
 # PyTorch names its segments torch_<creator pid>_<random>_<counter> (at::NewProcessWideShmHandle,
 # unchanged up to torch 2.13): tensors shared with the file_system strategy and CUDA IPC ref counters.

@@ -23,6 +23,7 @@ import pytest
 from tests import readable_copy
 from tests.run_module import run_module
 from tests.sim import procinfo
+from tests.sim import shm as sim_shm
 from tests.syscall_gate import SyscallGate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -778,3 +779,27 @@ def test_a_playbook_reports_what_it_did_with_names_that_are_not_utf8(shm_dir, tm
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert 'REMOVED=[\\"%s/psm_\\\\\\\\xff\\"]' % shm_dir in proc.stdout, proc.stdout[-3000:]
     assert not os.path.exists(dead)
+
+
+def test_default_patterns_keep_a_live_segment_of_every_engine_family_and_remove_a_dead_one(shm_dir, procs):
+    """Every family vLLM and SGLang leave in /dev/shm (tests/sim/shm.py, names read in their sources):
+    a live one, held open or only mapped by a live process, is kept; a dead one is removed; a user's
+    files whose names look alike are not matched at all (issue 25: SGLang issue 40723, vLLM 54002)."""
+    live, dead = {}, set()
+    for index, (family, make) in enumerate(sim_shm.FAMILIES.items()):
+        holder_code = HOLD_MAPPED if index % 2 else HOLD_OPEN
+        holder, path = start_holder(procs, holder_code, leftover(shm_dir, make(os.getpid())))
+        live[path.name] = [holder.pid]
+        dead.add(leftover(shm_dir, make(dead_pid())).name)
+    own = {"sglang.log", "sglang-notes.txt", "my-sglang.txt", "sgl_shmoo", "my_sgl_shm_1", "multi_tokenizer_args", "sglang-loads_1", "cuda.shmx",
+           "notes_sglang_loads_1", "cuda.shm"}
+    for name in own:
+        leftover(shm_dir, name)
+
+    result = run_module("shm_clean", {"path": str(shm_dir)})
+
+    assert result["rc"] == 0, result
+    assert paths(result["removed"]) == dead
+    assert {Path(i["path"]).name: i["pids"] for i in result["in_use"]} == live
+    assert result["kept"] == [] and result["errors"] == []
+    assert {p.name for p in shm_dir.iterdir()} == set(live) | own

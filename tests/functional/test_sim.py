@@ -193,7 +193,8 @@ def test_shm_leftovers_in_use_and_mapped_only(crashed_node):
     m = crashed_node
     shm_dir = Path(m["shm_dir"])
     names = [Path(p).name for p in m["shm"]["leftovers"]]
-    for prefix in ("nccl-", "psm_", "sem.mp-", "torch_", "vllm_offload_"):
+    for prefix in ("nccl-", "psm_", "sem.mp-", "torch_", "vllm_offload_", "vllm_ec_", "sgl_shm_", "multi_tokenizer_args_",
+                   "sglang_loads_", "sglang_host_pool_", "cuda.shm."):
         assert any(n.startswith(prefix) for n in names), prefix
     assert any(n.startswith("vllm_offload_") and n.endswith(".mmap") for n in names)
     pids = [e["pid"] for _r, e in entries(m)]
