@@ -81,6 +81,17 @@ def test_possible_figures_are_still_believed():
     assert spec["available"] and spec["acceptance_rate"] == 0.75 and spec["mean_acceptance_length"] == 4.0, spec
 
 
+def test_an_sglang_window_where_no_draft_was_accepted_is_a_rate_of_0_not_unknown():
+    """A logged window's length counts the bonus token (at least 1): a rate of 0 with a length of 1
+    is speculation that never hits (degraded with a floor), unlike 0 and 0, a window not logged."""
+    routes = dict(serving(), **{"/metrics": {"text": sglang_metrics(0.0, 1.0), "content_type": "text/plain"}})
+    spec = gate(routes, engine="sglang", speculative=True)["speculation"]
+    assert spec["available"] and spec["acceptance_rate"] == 0.0 and spec["mean_acceptance_length"] == 1.0, spec
+    routes = dict(serving(), **{"/metrics": {"text": sglang_metrics(0.0, 0.0), "content_type": "text/plain"}})
+    spec = gate(routes, engine="sglang", speculative=True)["speculation"]
+    assert spec["available"] is False and spec["note"].startswith("SGLang has not logged a window"), spec
+
+
 def test_a_model_whose_name_only_starts_with_the_served_name_is_not_the_served_model():
     # llama-70b-instruct answering for a gate that waits for llama-70b is another model.
     result = gate(serving(name="llama-70b-instruct"), served_name="llama-70b")

@@ -151,6 +151,7 @@ def test_the_role_refuses_lm_head_quantization_with_ngram_before_anything_runs()
 
 def test_a_schedule_that_does_not_start_at_batch_size_1_is_refused():
     assert not problems(dict(EAGLE3, num_speculative_tokens_per_batch_size=[[1, 8, 3], [9, 64, 1]]))
+    assert not problems(dict(EAGLE3, num_speculative_tokens_per_batch_size=[[9, 64, 1], [1, 8, 3]]))  # vLLM sorts
     assert problems(dict(EAGLE3, num_speculative_tokens_per_batch_size=[[9, 64, 1], [2, 8, 3]])) == [
         "%s.num_speculative_tokens_per_batch_size must have a range that starts at batch size 1, got its lowest at 2: "
         "vLLM's scheduler refuses it at start (the first batch-size range must start at 1 so every batch size has a "
@@ -201,6 +202,10 @@ def test_the_result_names_the_method_vllm_runs_and_warns_where_it_differs():
     built = build(speculative=EAGLE3)
     assert built["speculative"]["method"] == "eagle3"
     assert not [w for w in built["warnings"] if "will run" in w]
+    # An MTP alias is only renamed mtp (its own deprecation warning), not guessed.
+    built = build(speculative={"method": "deepseek_mtp", "num_speculative_tokens": 1})
+    assert built["speculative"]["method"] == "mtp" and built["speculative"]["method_given"] == "deepseek_mtp"
+    assert not [w for w in built["warnings"] if "will run" in w]
 
 
 def test_mtp_without_a_draft_is_guessed_from_the_target_name():
@@ -220,6 +225,9 @@ def test_without_draft_tensor_parallel_size_the_draft_gets_the_targets():
     built = build(speculative=dict(EAGLE3, draft_tensor_parallel_size=1), tensor_parallel_size=8)
     assert built["speculative"]["draft_tensor_parallel_size"] == 1
     assert "note" not in built["speculative"]
+    # mtp without a draft model loads the target's own layers, with the target's size.
+    built = build(speculative={"method": "mtp", "num_speculative_tokens": 1}, tensor_parallel_size=8)
+    assert built["speculative"]["draft_tensor_parallel_size"] == 8
     # ngram loads no draft: nothing to say.
     built = build(speculative={"method": "ngram", "num_speculative_tokens": 3})
     assert built["speculative"]["draft_tensor_parallel_size"] is None
