@@ -24,8 +24,9 @@ import math
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import version_key
 
 WHERE = "inference_service_speculative"
-# Methods vLLM never renames from the draft's repository name (the `pass` branch of its guess).
-NAMED_EXEMPT = ("eagle", "eagle3", "dflash", "dspark")
+# Methods vLLM renames after the draft's repository name. eagle, eagle3, dflash and dspark are kept
+# (the `pass` branch of its guess); methods without a draft checkpoint (ngram, suffix, ...) never reach it.
+RENAMED = ("draft_model", "mtp")
 # vLLM's guess, in its order: the first substring of the lower-cased draft name wins.
 NAME_GUESSES = (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
 # Methods whose draft checkpoint can carry its step count (n_predict for MTP layers, block_size for
@@ -65,10 +66,8 @@ def running_method(method, model, mtp_aliases=(), target_model=None) -> str:
         method = "mtp"
     if method == "mtp" and not model:
         model = target_model
-    if method in NAMED_EXEMPT or not isinstance(model, str) or not model:
+    if method not in RENAMED or not isinstance(model, str) or not model:
         return method
-    if method not in ("draft_model", "mtp"):
-        return method  # ngram, suffix, custom_class, ... never reach the guess
     name = model.lower()
     for part, guessed in NAME_GUESSES:
         if part in name:

@@ -128,7 +128,8 @@ def test_synthetic_sampling_values_are_refused_as_vllm_refuses_them(extra, messa
 
 
 @pytest.mark.parametrize("extra", [{"synthetic_acceptance_length": 1}, {"synthetic_acceptance_length": 4},
-                                   {"synthetic_acceptance_rates": [1, 1, 1]}, {"synthetic_acceptance_rates": [0, 0, 0]}])
+                                   {"synthetic_acceptance_rates": [1, 1, 1]}, {"synthetic_acceptance_rates": [0, 0, 0]},
+                                   {"synthetic_acceptance_rates": [0.9, 0.5, 0.1]}])
 def test_synthetic_sampling_boundaries_are_accepted(extra):
     assert not problems(dict(SYNTH, **extra))
 
