@@ -210,4 +210,7 @@ def check(spec: dict, version: str, target_tp, mtp_aliases=(), target_model=None
     if spec.get("draft_tensor_parallel_size") is None and running["draft_tensor_parallel_size"] is not None:
         running["note"] = ("the draft runs with the target's tensor-parallel size (%s): "
                            "draft_tensor_parallel_size is not set" % target_tp)
+        if target_tp != 1:
+            # Said in the result's warnings too, where the report shows it: the draft is split over every GPU.
+            rules.warnings.append("%s: %s (1 is the other size vLLM takes)" % (WHERE, running["note"]))
     return rules.problems, rules.warnings, running

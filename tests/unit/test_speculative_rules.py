@@ -223,6 +223,12 @@ def test_without_draft_tensor_parallel_size_the_draft_gets_the_targets():
     built = build(speculative=EAGLE3, tensor_parallel_size=8)
     assert built["speculative"]["draft_tensor_parallel_size"] == 8
     assert "the draft runs with the target's tensor-parallel size (8)" in built["speculative"]["note"]
+    assert "%s: the draft runs with the target's tensor-parallel size (8): draft_tensor_parallel_size is not set " \
+        "(1 is the other size vLLM takes)" % W in built["warnings"]
+    # With a target on one GPU the draft's size is 1 either way: nothing to warn about.
+    built = build(speculative=EAGLE3, tensor_parallel_size=1)
+    assert built["speculative"]["draft_tensor_parallel_size"] == 1
+    assert not [w for w in built["warnings"] if "tensor-parallel" in w]
     built = build(speculative=dict(EAGLE3, draft_tensor_parallel_size=1), tensor_parallel_size=8)
     assert built["speculative"]["draft_tensor_parallel_size"] == 1
     assert "note" not in built["speculative"]
