@@ -59,9 +59,11 @@ def _at_least(version: str, first: str) -> bool:
 
 
 def running_method(method, model, mtp_aliases=(), target_model=None) -> str:
-    """The method vLLM will run: an MTP alias becomes mtp, and a draft model that is not exempt
-    is renamed after its repository name (a draft named like an EAGLE repository runs as eagle).
-    mtp without a draft model loads the target's own layers, under the target's name."""
+    """The method vLLM will run: an MTP alias becomes mtp, and draft_model or mtp is renamed after
+    the draft's repository name (a draft named like an EAGLE repository runs as eagle). mtp
+    without a draft model loads the target's own layers, under the target's name. vLLM also
+    renames after the draft's config (an MTP model type runs as mtp), which the controller
+    cannot read: the warnings say so for draft_model."""
     if method in mtp_aliases:
         method = "mtp"
     if method == "mtp" and not model:
