@@ -1,5 +1,5 @@
 """The shipped alert rules (files/prometheus/cleanslate_gpu.rules.yml) with Debian's promtool:
-`check rules` passes, and `test rules` runs tests/prometheus/cleanslate_gpu.rules.test.yml, where
+`check rules` passes, and `test rules` runs tests/prometheus/*.test.yml, where
 every alert is evaluated both firing and not firing."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ansible_collections.cleanslate.gpu.plugins.filter.metrics import FAMILIES, 
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
-TESTS = REPO / "tests" / "prometheus" / "cleanslate_gpu.rules.test.yml"
+TESTS = [REPO / "tests" / "prometheus" / name for name in ("cleanslate_gpu.rules.test.yml", "cleanslate_gpu.stale.test.yml")]
 
 
 def promtool() -> str:
@@ -37,14 +37,14 @@ def test_promtool_checks_the_shipped_rules():
 
 
 def test_promtool_unit_tests_of_every_alert_pass():
-    proc = subprocess.run([promtool(), "test", "rules", TESTS.name], cwd=TESTS.parent, capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run([promtool(), "test", "rules", *[path.name for path in TESTS]], cwd=TESTS[0].parent,
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_every_alert_is_tested_firing_and_not_firing():
     tested = {}
-    for case in yaml.safe_load(TESTS.read_text())["tests"]:
+    for case in [case for path in TESTS for case in yaml.safe_load(path.read_text())["tests"]]:
         for check in case.get("alert_rule_test", []):
             tested.setdefault(check["alertname"], set()).add(bool(check.get("exp_alerts")))
     assert {name: tested.get(name) for name in alerts()} == {name: {True, False} for name in alerts()}
