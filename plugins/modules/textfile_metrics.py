@@ -51,7 +51,7 @@ options:
     default: /var/lib/prometheus/node-exporter
   name:
     description:
-      - The file's name without C(.prom). Letters, digits and C(_ . @ : -); it may not start with a dot.
+      - The file's name without C(.prom), made of letters, digits, C(_), C(.), C(@), C(:) and C(-), not starting with a dot.
     type: str
     required: true
   families:
@@ -90,7 +90,7 @@ options:
     type: str
     default: "0644"
 notes:
-  - The file names no host: node_exporter's own C(instance) label says which host it came from, and the roles
+  - The file names no host. node_exporter's own C(instance) label says which host it came from, and the roles
     add a C(host) label with the inventory name.
 seealso:
   - name: node_exporter's textfile collector
