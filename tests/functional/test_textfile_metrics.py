@@ -30,8 +30,8 @@ def parsed(path: Path) -> dict:
 
 
 def write(tmp_path, families, check=False, diff=False, **params):
-    return run_module("textfile_metrics", dict({"path": str(tmp_path), "name": "cleanslate_gpu_t", "families": families},
-                                                **params), check=check, diff=diff)
+    params = dict({"path": str(tmp_path), "name": "cleanslate_gpu_t", "families": families}, **params)
+    return run_module("textfile_metrics", params, check=check, diff=diff)
 
 
 def test_the_file_parses_with_the_labels_and_values_given_and_no_timestamp(tmp_path):
@@ -159,8 +159,8 @@ def test_non_finite_values_are_written_as_the_format_spells_them(tmp_path):
 def test_a_reader_never_sees_a_half_written_file(tmp_path):
     """The collector's view: every *.prom file of the directory, read while the module rewrites
     a 2 MB file again and again, is always whole (it parses, and ends with the last family)."""
-    big = [family("cleanslate_gpu_reset_step_seconds", [{"labels": {"host": "n", "step": "s%06d" % i, "pad": "x" * 40},
-                                                          "value": i} for i in range(20000)]),
+    steps = [{"labels": {"host": "n", "step": "s%06d" % i, "pad": "x" * 40}, "value": i} for i in range(20000)]
+    big = [family("cleanslate_gpu_reset_step_seconds", steps),
            family("cleanslate_gpu_zz_end", [{"labels": {"run": "0"}, "value": 1}])]
     seen, partial, stop = [0], [], threading.Event()
 

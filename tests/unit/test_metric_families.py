@@ -52,8 +52,8 @@ def test_a_reset_is_written_with_the_reports_figures():
     assert got["cleanslate_gpu_run_ok"] == {base: 1}
     assert got["cleanslate_gpu_run_status"] == {base | {("status", "ok"), ("step", "")}: 1}
     assert got["cleanslate_gpu_reset_processes_stopped"] == {base: 2}
-    assert got["cleanslate_gpu_reset_gpu_memory_freed_bytes"] == {base | {("gpu", "0")}: 80000 * MIB,
-                                                                   base | {("gpu", "1")}: 1200 * MIB}
+    freed = {base | {("gpu", "0")}: 80000 * MIB, base | {("gpu", "1")}: 1200 * MIB}
+    assert got["cleanslate_gpu_reset_gpu_memory_freed_bytes"] == freed
     assert got["cleanslate_gpu_reset_shm_freed_bytes"] == {base: 4096}
     assert got["cleanslate_gpu_reset_bytecode_files_removed"] == {base: 3}
     assert got["cleanslate_gpu_reset_gpus"] == {base: 2} and got["cleanslate_gpu_reset_gpus_clean"] == {base: 2}
