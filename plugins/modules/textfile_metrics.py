@@ -36,7 +36,7 @@ attributes:
   check_mode:
     support: full
     details:
-      - Nothing is written; RV(changed) says whether the file would change.
+      - Nothing is written; C(changed) says whether the file would change.
   diff_mode:
     support: full
     details:
