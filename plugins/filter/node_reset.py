@@ -91,7 +91,8 @@ def path_problems(values: Mapping) -> list:
     problems = []
     for name in ABSOLUTE:
         value = values.get(name)
-        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        # A number is no path (-e gives text; Ansible would make "5" of a 5 silently).
+        items = [value] if isinstance(value, (str, int, float)) else value if isinstance(value, list) else []
         bad = [item for item in items if not isinstance(item, str) or not item.startswith("/") or "\0" in item
                or "\n" in item]
         if bad:

@@ -170,3 +170,32 @@ def test_the_rendered_files_parse_and_say_the_same_help_for_the_same_metric():
 def test_a_wrong_call_says_what_is_wrong(args, words):
     with pytest.raises(AnsibleFilterError, match=words):
         metric_families(*args)
+
+
+# ----- the roles' metrics variables, refused before any step -----
+
+BAD_DIRS = [("relative/dir", "must be absolute"), ("", "must be absolute"), ("/var/lib/a\nb", "on one line"),
+            (5, "")]
+
+
+@pytest.mark.parametrize("value, words", BAD_DIRS)
+def test_a_bad_metrics_directory_refuses_the_host_with_one_sentence(value, words):
+    from tests.unit.test_node_reset_filter import values  # pylint: disable=import-outside-toplevel
+    from tests.unit.test_inference_service_problems import _service_values  # pylint: disable=import-outside-toplevel
+    from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (  # pylint: disable=import-outside-toplevel
+        inference_service_problems)
+    from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (  # pylint: disable=import-outside-toplevel
+        node_reset_problems)
+    for name, problems in (("node_reset_metrics_dir", node_reset_problems(values(node_reset_metrics_dir=value))),
+                           ("inference_service_metrics_dir",
+                            inference_service_problems(_service_values(inference_service_metrics_dir=value)))):
+        assert len(problems) == 1 and problems[0].startswith(name) and words in problems[0], problems
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, None, [True]])
+def test_a_metrics_switch_that_is_no_boolean_is_refused(value):
+    from tests.unit.test_node_reset_filter import values  # pylint: disable=import-outside-toplevel
+    from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (  # pylint: disable=import-outside-toplevel
+        node_reset_problems)
+    problems = node_reset_problems(values(node_reset_metrics=value))
+    assert len(problems) == 1 and problems[0].startswith("node_reset_metrics "), problems
