@@ -33,9 +33,9 @@ from dataclasses import dataclass
 # System call numbers per machine; the filter only knows these.
 SYSCALLS = {
     "x86_64": {"unlinkat": 263, "openat": 257, "kill": 62, "pidfd_open": 434, "pidfd_send_signal": 424,
-               "seccomp": 317},
+               "seccomp": 317, "rename": 82, "renameat2": 316},
     "aarch64": {"unlinkat": 35, "openat": 56, "kill": 129, "pidfd_open": 434, "pidfd_send_signal": 424,
-                "seccomp": 277},
+                "seccomp": 277, "renameat2": 276},
 }
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 # Which argument of a held call is a path in the caller's memory (for Call.path).

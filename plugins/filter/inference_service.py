@@ -65,6 +65,12 @@ def inference_service_problems(values):
         problems.append("inference_service_extra_args has %s: it must be a list of texts (each flag and each value "
                         "its own item)." % not_texts(extra))
         skip += ("inference_service_extra_args",)
+    metrics_dir = values.get("inference_service_metrics_dir")
+    if "inference_service_metrics_dir" in values and (not isinstance(metrics_dir, str) or not metrics_dir.startswith("/")
+                                                      or CONTROL.search(metrics_dir)):
+        problems.append("inference_service_metrics_dir is %s: a path must be absolute (start with /), on one line."
+                        % _role_spec.shown(metrics_dir))
+        skip += ("inference_service_metrics_dir",)
     problems += _role_spec.spec_problems(spec(), values, skip=skip)
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).

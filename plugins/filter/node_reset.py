@@ -40,7 +40,7 @@ SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
-ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
+ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths", "node_reset_metrics_dir")
 # Python's own rule for a module name: dotted identifiers.
 MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The steps in the order they run, as registered by the role and named in node_reset_result.steps.
@@ -91,7 +91,8 @@ def path_problems(values: Mapping) -> list:
     problems = []
     for name in ABSOLUTE:
         value = values.get(name)
-        items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+        # A number is no path (-e gives text; Ansible would make "5" of a 5 silently).
+        items = [value] if isinstance(value, (str, int, float)) else value if isinstance(value, list) else []
         bad = [item for item in items if not isinstance(item, str) or not item.startswith("/") or "\0" in item
                or "\n" in item]
         if bad:

@@ -19,8 +19,9 @@ FORBIDDEN_TOP = {"tests", "bench", "tools", ".ci", ".venv", "venv", "build", "di
                  ".pytest_cache", ".whl", ".git", ".gitignore", ".ansible-lint", "ansible.cfg", "Makefile",
                  "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context"}
 FORBIDDEN_SUFFIXES = (".whl", ".tar.gz", ".pyc", ".retry")
-# Shipped: the code, the roles and playbooks, the metadata, the user docs, the licence, the changelog.
-REQUIRED_TREES = ("plugins", "roles", "playbooks", "meta", "docs", "LICENSES", "changelogs")
+# Shipped: the code, the roles and playbooks, the metadata, the user docs, the licence, the changelog,
+# the alert rules (files/prometheus, docs/observability.md).
+REQUIRED_TREES = ("plugins", "roles", "playbooks", "meta", "docs", "LICENSES", "changelogs", "files")
 REQUIRED_FILES = ("README.md", "COPYING", "MANIFEST.json", "FILES.json", "meta/runtime.yml",
                   "meta/execution-environment.yml", "changelogs/changelog.yaml", "changelogs/config.yaml")
 

@@ -1,0 +1,243 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: textfile_metrics
+short_description: Write a metrics file for node_exporter's textfile collector, atomically
+version_added: 0.2.0
+description:
+  - Writes O(families) as one file C(<path>/<name>.prom) in the Prometheus text format, for node_exporter's
+    textfile collector (C(--collector.textfile.directory)).
+  - The file appears whole or not at all. It is written under a temporary name in the same directory that
+    does not end in C(.prom) (the collector reads only C(*.prom)), synced to disk, then renamed over the old
+    file. Ansible's own copy and template fall back to a temporary name that ends in the destination's
+    name, which the collector would read half-written.
+  - No sample carries a timestamp (the collector skips a whole file that has one). HELP texts and label
+    values are escaped as the format says (backslash, double quote, newline); a byte that is not UTF-8 is
+    written as C(\xNN).
+  - A family with O(families[].keep_previous=true) keeps its samples from the file this module wrote last
+    time when that file has any, and takes the samples given here only otherwise. The roles use it for the
+    time of the last success, which a failed run must not lose.
+  - When O(path) does not exist, nothing is written and RV(written) is false (node_exporter's package creates
+    the directory; a host without it has no collector to read the file).
+  - The roles C(cleanslate.gpu.node_reset) and C(cleanslate.gpu.inference_service) call it with the families
+    of the filter C(cleanslate.gpu.metric_families); docs/observability.md lists the metrics.
+author:
+  - cleanslate.gpu maintainers (@cleanslate)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details:
+      - Nothing is written; C(changed) says whether the file would change.
+  diff_mode:
+    support: full
+    details:
+      - The file's text before and after.
+  platform:
+    platforms: posix
+options:
+  path:
+    description:
+      - The collector's directory, an absolute path.
+    type: path
+    default: /var/lib/prometheus/node-exporter
+  name:
+    description:
+      - The file's name without C(.prom), made of letters, digits, C(_), C(.), C(@), C(:) and C(-), not starting with a dot.
+    type: str
+    required: true
+  families:
+    description:
+      - The metric families, in the order they are written.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name:
+        description: The metric name.
+        type: str
+        required: true
+      help:
+        description: The HELP text.
+        type: str
+      type:
+        description: The metric type.
+        type: str
+        choices: [gauge, counter, untyped]
+        default: gauge
+      samples:
+        description:
+          - The samples, each C({labels, value}). C(value) is a number, or V(now) for the host's clock in seconds
+            since the epoch. A label with an empty value is left out, as Prometheus treats it.
+        type: list
+        elements: dict
+        default: []
+      keep_previous:
+        description: Keep this family's samples from the previous file when it has any.
+        type: bool
+        default: false
+  mode:
+    description:
+      - The file's permissions, octal. The collector's user (C(prometheus) on Debian) must be able to read it.
+    type: str
+    default: "0644"
+notes:
+  - The file names no host. node_exporter's own C(instance) label says which host it came from, and the roles
+    add a C(host) label with the inventory name.
+seealso:
+  - name: node_exporter's textfile collector
+    description: The collector's documentation.
+    link: https://github.com/prometheus/node_exporter#textfile-collector
+"""
+
+EXAMPLES = r"""
+- name: Write the time of the last backup for node_exporter
+  cleanslate.gpu.textfile_metrics:
+    name: backup
+    families:
+      - name: backup_last_run_timestamp_seconds
+        help: When the last backup ran.
+        samples:
+          - labels: {host: "{{ inventory_hostname }}"}
+            value: now
+
+- name: Write node_reset's metrics, as the role does
+  cleanslate.gpu.textfile_metrics:
+    name: "{{ __metrics.name }}"
+    families: "{{ __metrics.families }}"
+  vars:
+    __metrics: "{{ node_reset_result | cleanslate.gpu.metric_families(role='node_reset', host=inventory_hostname) }}"
+"""
+
+RETURN = r"""
+path:
+  description: The file's path.
+  returned: always
+  type: str
+  sample: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom
+written:
+  description: Whether the file was written (false in check mode, when nothing changed, or when O(path) does not exist).
+  returned: always
+  type: bool
+  sample: true
+content:
+  description: The file's text as written (or as it would be written in check mode).
+  returned: when O(path) exists
+  type: str
+  sample: "# HELP cleanslate_gpu_run_ok Whether the last run ended ok (1) or not (0).\n..."
+kept_previous:
+  description: The families whose samples came from the previous file.
+  returned: when O(path) exists
+  type: list
+  elements: str
+  sample: [cleanslate_gpu_last_success_timestamp_seconds]
+"""
+
+import os
+import re
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import TextfileError, parse, render, write_atomically
+
+FILE_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}\Z")
+MODE = re.compile(r"0?[0-7]{3}\Z")
+
+
+def _value(metric, value, now):
+    if isinstance(value, str):
+        if value == "now":
+            return now
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TextfileError("families: a sample of %s has value %r; it must be a number or 'now'" % (metric, value))
+    return value
+
+
+def families_to_write(families, previous, now):
+    """The families with their values resolved; a keep_previous family takes the previous file's
+    samples when there are any. Returns (families, names kept from the previous file)."""
+    result, kept = [], []
+    for family in families:
+        name = family["name"]
+        samples = family.get("samples") or []
+        if family.get("keep_previous") and previous.get(name):
+            samples, kept = previous[name], kept + [name]
+        resolved = []
+        for sample in samples:
+            if not isinstance(sample, dict) or "value" not in sample:
+                raise TextfileError("families: each sample of %s must be a dictionary with a value" % name)
+            labels = sample.get("labels") or {}
+            if not isinstance(labels, dict):
+                raise TextfileError("families: the labels of a sample of %s must be a dictionary" % name)
+            resolved.append({"labels": labels, "value": _value(name, sample["value"], now)})
+        result.append(dict(family, samples=resolved))
+    return result, kept
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", default="/var/lib/prometheus/node-exporter"),
+            name=dict(type="str", required=True),
+            families=dict(type="list", elements="dict", required=True, options=dict(
+                name=dict(type="str", required=True),
+                help=dict(type="str"),
+                type=dict(type="str", choices=["gauge", "counter", "untyped"], default="gauge"),
+                samples=dict(type="list", elements="dict", default=[]),
+                keep_previous=dict(type="bool", default=False),
+            )),
+            mode=dict(type="str", default="0644"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    directory, name = params["path"], params["name"]
+    if not directory or not os.path.isabs(directory):
+        module.fail_json(msg="path must be an absolute directory, got %r" % directory)
+    if not FILE_NAME.match(name or ""):
+        module.fail_json(msg="name must be 1 to 200 letters, digits or _ . @ : - and not start with a dot, got %r" % name)
+    if not MODE.match(params["mode"] or ""):
+        module.fail_json(msg="mode must be octal permissions such as 0644, got %r" % params["mode"])
+    target = os.path.join(directory, name + ".prom")
+    if not os.path.isdir(directory):
+        module.exit_json(changed=False, written=False, path=target,
+                         msg="%s does not exist: no textfile collector reads it, nothing written" % directory)
+    try:
+        with open(target, "rb") as handle:
+            before = handle.read().decode("utf-8", "backslashreplace")
+    except FileNotFoundError:
+        before = ""
+    except OSError as exc:
+        module.fail_json(msg="cannot read the previous %s: %s" % (target, exc.strerror), path=target)
+    try:
+        families, kept = families_to_write(params["families"], parse(before), round(time.time(), 3))
+        content = render(families)
+    except TextfileError as exc:
+        module.fail_json(msg=str(exc), path=target)
+    changed = content != before
+    result = dict(changed=changed, written=False, path=target, content=content, kept_previous=kept)
+    if module._diff:
+        result["diff"] = {"before": before, "after": content, "before_header": target, "after_header": target}
+    if changed and not module.check_mode:
+        try:
+            write_atomically(directory, name + ".prom", content, int(params["mode"], 8))
+        except OSError as exc:
+            module.fail_json(msg="cannot write %s: %s" % (target, exc.strerror or exc), path=target)
+        result["written"] = True
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The shipped alert rules (files/prometheus/cleanslate_gpu.rules.yml) with Debian's promtool:
+`check rules` passes, and `test rules` runs tests/prometheus/*.test.yml, where
+every alert is evaluated both firing and not firing."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.cleanslate.gpu.plugins.filter.metrics import FAMILIES, PREFIX
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
+TESTS = [REPO / "tests" / "prometheus" / name for name in ("cleanslate_gpu.rules.test.yml", "cleanslate_gpu.stale.test.yml")]
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if not path:
+        # A failure, not a skip: CI must not pass because the package was never installed.
+        pytest.fail("promtool is missing: install Debian's prometheus package (tools/install_os_deps.sh)")
+    return path
+
+
+def alerts() -> list:
+    return [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_promtool_checks_the_shipped_rules():
+    proc = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: %d rules found" % len(alerts()) in proc.stdout
+
+
+def test_promtool_unit_tests_of_every_alert_pass():
+    proc = subprocess.run([promtool(), "test", "rules", *[path.name for path in TESTS]], cwd=TESTS[0].parent,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing():
+    tested = {}
+    for case in [case for path in TESTS for case in yaml.safe_load(path.read_text())["tests"]]:
+        for check in case.get("alert_rule_test", []):
+            tested.setdefault(check["alertname"], set()).add(bool(check.get("exp_alerts")))
+    assert {name: tested.get(name) for name in alerts()} == {name: {True, False} for name in alerts()}
+
+
+def test_the_rules_read_only_metrics_the_roles_write():
+    used = set(re.findall(r"\b%s[a-z_]+" % PREFIX, RULES.read_text()))
+    used.discard(PREFIX + "engine")  # the engines' job name, not a metric
+    assert used and used <= {PREFIX + name for name in FAMILIES}, used - {PREFIX + name for name in FAMILIES}
