@@ -209,8 +209,70 @@ def sglang_algorithms():
     return out
 
 
+def _spec_check(target: str, tensor_parallel_size):
+    """vLLM: a function that builds SpeculativeConfig with the real class, against the target's
+    local config.json (offline), as EngineArgs does before anything is loaded."""
+    from vllm.config import ModelConfig, ParallelConfig
+    from vllm.config.speculative import SpeculativeConfig
+
+    model = ModelConfig(model=target, tokenizer=target, skip_tokenizer_init=True)
+
+    def check(spec: dict):
+        keys = {key.replace("-", "_"): value for key, value in spec.items()}
+        SpeculativeConfig(target_model_config=model, target_parallel_config=ParallelConfig(
+            tensor_parallel_size=tensor_parallel_size or 1), **keys)
+
+    return check
+
+
+def verdicts(engine: str, request: list) -> list:
+    """[[accepted, why]] for each {"args": the arguments after `serve`, "target": a local model
+    directory}: the real parser, then vLLM's SpeculativeConfig or SGLang's algorithm name."""
+    if engine == "vllm":
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        from vllm.entrypoints.cli.serve import ServeSubcommand
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        top = FlexibleArgumentParser(prog="vllm")
+        ServeSubcommand().subparser_init(top.add_subparsers(dest="subparser"))
+
+        def parse(argv):
+            return top.parse_args(["serve"] + argv)
+    else:
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        parser = argparse.ArgumentParser(prog="sglang serve")
+        ServerArgs.add_cli_args(parser)
+        parse = parser.parse_args
+    out = []
+    for case in request:
+        holder = {}
+
+        def keep(argv, holder=holder):
+            holder["ns"] = parse(argv)
+
+        argv, accepted, why = verdict(keep, case["args"])
+        if accepted and engine == "vllm" and getattr(holder["ns"], "speculative_config", None):
+            try:
+                with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                    _spec_check(case["target"], holder["ns"].tensor_parallel_size)(holder["ns"].speculative_config)
+            except Exception as exc:  # noqa: BLE001 - pydantic's and vLLM's own refusals alike
+                accepted, why = False, text("SpeculativeConfig: %s: %s" % (type(exc).__name__, exc), 300)
+        if accepted and engine == "sglang" and getattr(holder["ns"], "speculative_algorithm", None):
+            try:
+                SpeculativeAlgorithm.from_string(holder["ns"].speculative_algorithm)
+            except ValueError as exc:
+                accepted, why = False, text(str(exc), 300)
+        out.append([accepted, why])
+    return out
+
+
 def main() -> int:
     engine = sys.argv[1]
+    if sys.argv[2:] == ["--verdicts"]:
+        json.dump(verdicts(engine, json.load(sys.stdin)), sys.stdout)
+        return 0
     record = vllm_record() if engine == "vllm" else sglang_record()
     record["version"] = importlib.metadata.version(engine)
     record["python"] = "%d.%d" % sys.version_info[:2]
