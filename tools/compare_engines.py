@@ -156,8 +156,8 @@ def render(results: list) -> str:
              "| engine | lines | configurations | agree | engine takes, role refuses | role takes, engine refuses |",
              "| --- | --- | --- | --- | --- | --- |"]
     for row in results:
-        lines.append("| %s | %d | %d | %d | %d | %d |" % (row["label"], row["cases"], row["configurations"], row["agree"],
-                                                         len(row["engine_only"]), len(row["role_only"])))
+        counts = (row["cases"], row["configurations"], row["agree"], len(row["engine_only"]), len(row["role_only"]))
+        lines.append("| %s | %d | %d | %d | %d | %d |" % ((row["label"],) + counts))
     for row in results:
         lines += ["", "## %s" % row["label"], "", "Engine takes, role refuses:", ""]
         lines += ["- `%s`" % item.replace("`", "'") for item in row["engine_only"]] or ["- none"]
