@@ -246,13 +246,14 @@ def verdicts(engine: str, request: list) -> list:
         ServerArgs.add_cli_args(parser)
         parse = parser.parse_args
     out = []
+    holder = {}
+
+    def keep(argv):
+        holder["ns"] = parse(argv)
+
     for case in request:
-        holder = {}
-
-        def keep(argv, holder=holder):
-            holder["ns"] = parse(argv)
-
-        argv, accepted, why = verdict(keep, case["args"])
+        holder.clear()
+        _argv, accepted, why = verdict(keep, case["args"])
         if accepted and engine == "vllm" and getattr(holder["ns"], "speculative_config", None):
             try:
                 with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

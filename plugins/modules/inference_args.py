@@ -77,7 +77,7 @@ options:
   host_engine_version:
     description:
       - The version the host's installed engine reports (the role asks its Python), used when O(engine_version) is
-        empty. With both empty the module fails with the versions known: it never guesses a version.
+        empty. With both empty the module fails with the versions known; it never guesses a version.
     type: str
     default: ""
   host_engine_problem:

@@ -7,7 +7,6 @@ data or the validator shows here without the 10 GB installs."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
