@@ -16,7 +16,7 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
-	dist ee versions versions-ci changelog-release
+	dist ee versions versions-ci changelog-release engine-venvs flag-data
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -137,6 +137,15 @@ versions: setup
 # venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13.
 versions-ci: setup
 	$(PY) tools/versions.py --present-only unit modules sanity
+
+# The real engines under build/engines (about 7 GB, not in CI), then their parser records and
+# the role's flag data from them (tools/gen_flag_data.py); tools/compare_engines.py runs the
+# role's command lines through the same parsers.
+engine-venvs:
+	tools/engine_venvs.sh
+
+flag-data: engine-venvs
+	$(PYTHON) tools/gen_flag_data.py --dump $(wildcard $(BUILD)/engines/vllm-*) $(wildcard $(BUILD)/engines/sglang-*)
 
 # The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
 gpu-wheels:

@@ -1,249 +1,233 @@
-"""Generate the inference_service role's flag data from the engines' reference flag lists.
+"""Generate the inference_service role's flag data from records of the engines' real parsers.
 
-    python tools/gen_flag_data.py /work/shared/reference [--out roles/inference_service/files/flags]
+    python tools/gen_flag_data.py                     # data from the committed records
+    python tools/gen_flag_data.py --check             # exit 1 if the committed data differs
+    python tools/gen_flag_data.py --dump build/engines/vllm-0.33.0 ...   # new records first
 
-Reads the lists that were extracted from the engines' real argparse parsers (see
-serving_facts.md beside them) and writes one JSON file per engine and version:
-
-    vllm-0.33.0.json     every `vllm serve` option, and the SpeculativeConfig keys
-    sglang-0.5.23.json   every `sglang serve` option, and the speculative rules
-
-The role validates every rendered flag against that data, and the stand-in engine
-(tests/sim/engine) builds its argparse parser from the same files. A new engine version is
-one more reference list and one more run of this script; the generated files are committed,
-since CI has the repository but not the reference directory. JSON, not YAML, so that the
-stand-in engine reads it with the standard library on a bare Debian host.
+A record (tests/fixtures/engine_parsers/<engine>-<version>.json) is what
+tools/dump_engine_parser.py read from an installed engine's own argparse parser (and vLLM's
+SpeculativeConfig class): `make engine-venvs` installs the engines under build/engines, --dump
+runs the dump in each venv and writes the record. The data (roles/inference_service/files/flags/
+<engine>-<version>.json) is a pure function of its record, so CI checks both without the engines
+(tests/unit/test_flag_data.py). JSON, not YAML, so that the stand-in engine reads it with the
+standard library on a bare Debian host.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "roles" / "inference_service" / "files" / "flags"
-# The extraction cut long fields at this many characters: such a choices list is incomplete.
-TRUNCATED_AT = 300
+RECORDS = REPO / "tests" / "fixtures" / "engine_parsers"
+DUMP = REPO / "tools" / "dump_engine_parser.py"
 
-# argparse `type` callables -> how a value is checked. Anything else (JSON parsers, dataclass
-# parsers, _optional_type wrappers whose inner type the lists do not record) takes any string.
-VALUE_TYPES = {
-    "int": "int",
-    "float": "float",
-    "str": "str",
-    "human_readable_int": "human_int",
-    "human_readable_int_or_auto": "human_int_or_auto",
-    "loads": "json",
-}
-
-# SGLang facts that its flag list cannot carry (serving_facts.md, "SGLang 0.5.23").
-SGLANG_ALGORITHMS = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO"]
+# SGLang's three step keys: ServerArgs picks all three itself when none is given, and takes a
+# partial set without complaint (its __post_init__; no parser can show it).
 SGLANG_STEP_KEYS = ["speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens"]
+# argparse action classes -> what the option does with the command line.
+ACTIONS = {"_StoreAction": "value", "_AppendAction": "append", "_StoreTrueAction": "switch",
+           "_StoreFalseAction": "switch", "_StoreConstAction": "switch", "BooleanOptionalAction": "switch",
+           "EnableDisableAction": "switch", "_CountAction": "switch"}
 
 
-def header(path: Path) -> list:
-    """The extraction's comment lines (its provenance), without the leading '# '."""
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line[1:].strip())
-    return lines
+def value_type(accepts: dict) -> str:
+    """How a value is checked, from what the real type callable took of the dump's samples
+    (tools/dump_engine_parser.py TYPE_SAMPLES): the callables are closures and wrappers whose
+    names say little, their answers say what they are."""
+    if not accepts or "abc" in accepts:
+        return "str"  # no type callable, or one that takes any text
+    if "{}" in accepts and "1" not in accepts:
+        return "json_object"  # vLLM's config-dataclass parsers: a JSON object of the class's keys
+    if "{}" in accepts:
+        return "json"
+    if "1.5" in accepts:
+        return "float"
+    if "32k" in accepts and "32K" not in accepts:
+        return "human_int_lower"  # SGLang's: 32k is 32000, and there is no binary 32K
+    if "32k" in accepts:
+        return "human_int_or_auto" if "auto" in accepts else "human_int"
+    if "1" in accepts:
+        return "int"
+    raise SystemExit("a type callable that takes %s: add its kind to tools/gen_flag_data.py" % sorted(accepts))
 
 
-def rows(path: Path, width: int) -> list:
-    """The TSV's data rows, each padded to `width` fields."""
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        fields = line.split("\t")
-        out.append(fields + [""] * (width - len(fields)))
-    return out
+def choice_spelling(accepts: dict):
+    """vLLM's choice options read 'Ab-C' as 'ab_c' before the choice is checked."""
+    seen = accepts.get("Ab-C")
+    return {"ab_c": "lower_underscore", "ab-c": "lower"}.get(seen)
 
 
-def nargs_of(text: str):
-    """The nargs column: None (one value), 0 (no value), '?', '*' or '+'."""
-    if text in ("None", ""):
-        return None
-    if text.isdigit():
-        return int(text)
-    return text
-
-
-def choices_of(text: str):
-    """A complete choices list, or None when there is none or the extraction cut it."""
-    if not text or len(text) >= TRUNCATED_AT:
-        return None
-    return text.split(",")
-
-
-def option(flags: list, dest: str, type_name: str, choices: str, nargs: str, deprecated: bool = False) -> dict:
-    entry = {"flags": flags, "dest": dest, "nargs": nargs_of(nargs),
-             "type": VALUE_TYPES.get(type_name, "str")}
-    listed = choices_of(choices)
-    if listed is not None and entry["nargs"] != 0:
-        entry["choices"] = listed
-    if choices and listed is None and entry["nargs"] != 0:
-        entry["choices_truncated"] = True
-    if deprecated:
+def option(action: dict) -> dict:
+    flags = sorted(action["option_strings"], key=lambda flag: not flag.startswith("--"))
+    # An action class of the engine's own (LoRA modules) checks its values itself: "custom".
+    kind = ACTIONS.get(action["action"], "switch" if action["nargs"] == 0 else "custom")
+    entry = {"flags": flags, "dest": action["dest"], "action": kind,
+             "nargs": 0 if kind == "switch" else action["nargs"], "default": action["default"]}
+    if entry["nargs"] != 0:
+        entry["type"] = value_type(action["type_accepts"])
+        if action["type_accepts"].get("") == "None":
+            entry["empty"] = True  # '' is taken as None (vLLM's optional types)
+        if action["choices"]:
+            entry["choices"] = action["choices"]
+            spelling = choice_spelling(action["type_accepts"])
+            if spelling:
+                entry["choice_spelling"] = spelling
+    if action["deprecated"]:
         entry["deprecated"] = True
+    if action.get("group") and action["group"] not in ("options", "optional arguments"):
+        entry["group"] = action["group"]
     return entry
 
 
-def vllm_options(path: Path) -> list:
-    options = []
-    for group, longs, shorts, type_name, choices, nargs, _default in rows(path, 7):
-        flags = longs.split() + shorts.split()
-        if "--help" in flags:
-            continue
-        dest = longs.split()[0][2:].replace("-", "_")
-        entry = option(flags, dest, type_name, choices, nargs)
-        entry["group"] = group
-        if flags == ["--model"]:
-            # Parsed, but moved to the positional with a warning (serving_facts.md).
-            entry["deprecated"] = True
-        options.append(entry)
-    return options
+LITERAL = re.compile(r"Literal\[([^\]]*)\]")
 
 
-def sglang_options(path: Path) -> list:
-    options = []
-    for strings, dest, type_name, choices, nargs, _default, action in rows(path, 7):
-        flags = strings.split()
-        if "--help" in flags:
-            continue
-        if action == "DeprecatedStoreConstAction":
-            nargs = "0"  # a store_const: the choices column holds its constant, not values
-        options.append(option(flags, dest, type_name, choices, nargs, deprecated=action.startswith("Deprecated")))
-    return options
-
-
-SPEC_LINE = re.compile(r"^(?P<key>\w+)\t(?P<type>[^\t]*)\t(?P<default>.*)$")
-
-
-def spec_key(type_text: str, default_text: str) -> dict:
-    """How one SpeculativeConfig key is checked, from its Python type and constraint."""
-    entry = {}
-    literals = re.findall(r"Literal\[([^\]]*)\]", type_text)
-    values = [v.strip().strip("'\"") for block in literals for v in block.split(",") if v.strip()]
-    if "SkipValidation" in type_text:
+def spec_key(field: dict) -> dict:
+    """How one SpeculativeConfig key is checked, from its annotation and pydantic constraints."""
+    type_text = field["type"]
+    literals = [v.strip().strip("'\"") for block in LITERAL.findall(type_text) for v in block.split(",") if v.strip()]
+    base = re.sub(r"^Optional\[(.*)\]$", r"\1", type_text).split(" |")[0]
+    entry = {"python_type": type_text}
+    if any("SkipValidation" in item for item in field["metadata"]) or "SkipValidation" in type_text:
         entry["kind"] = "internal"  # set by vLLM itself, never from the command line
-    elif type_text.startswith("list[tuple[int, int, int]]"):
+    elif base.startswith("list[tuple[int, int, int]]"):
         entry["kind"] = "schedule"
-    elif type_text.startswith("list[float]"):
+    elif base.startswith("list[float]"):
         entry["kind"] = "float_list"
     elif literals and ", str" not in type_text:
         entry["kind"] = "choice"
-        entry["choices"] = values
-    elif type_text.split(" |")[0] in ("int", "float", "bool", "str"):
-        entry["kind"] = type_text.split(" |")[0]
-    elif type_text.startswith("vllm.config.") and "Enum" not in type_text:
+        entry["choices"] = literals
+    elif base in ("int", "float", "bool", "str"):
+        entry["kind"] = base
+    elif base.startswith("vllm.config.") and "Enum" not in base:
         entry["kind"] = "dict"
     else:
         entry["kind"] = "str"  # free strings (with known values) and enums given by name
-        if values:
-            entry["known_values"] = values
-    constraint = re.search(r"\(constraint (>=|>)(-?\d+)\)", default_text)
-    if constraint:
-        entry["min" if constraint.group(1) == ">=" else "above"] = int(constraint.group(2))
-    entry["nullable"] = "None" in type_text or "NoneType" in type_text or "Optional[" in type_text
+        if literals:
+            entry["known_values"] = literals
+    for item in field["metadata"]:
+        bound = re.match(r"^(Ge|Gt)\((?:ge|gt)=(-?\d+(?:\.\d+)?)\)$", item)
+        if bound:
+            number = float(bound.group(2)) if "." in bound.group(2) else int(bound.group(2))
+            entry["min" if bound.group(1) == "Ge" else "above"] = number
+    entry["nullable"] = "None" in type_text or "Optional[" in type_text
     return entry
 
 
-def vllm_speculative(path: Path) -> dict:
-    keys = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        match = SPEC_LINE.match(line)
-        if match and not line.startswith("#"):
-            keys[match.group("key")] = spec_key(match.group("type"), match.group("default"))
+def vllm_speculative(record: dict) -> dict:
+    keys = {name: spec_key(field) for name, field in record["speculative"]["keys"].items() if field["init"]}
     methods = keys["method"]["choices"]
     return {
         "flag": "--speculative-config",
         "keys": keys,
         # Model-specific MTP names are deprecated aliases that vLLM rewrites to mtp.
         "method_aliases": sorted(m for m in methods if m.endswith("_mtp")),
-        # Inside the speculative config the draft's TP key is draft_tensor_parallel_size.
+        # SpeculativeConfig has the key, and refuses it: the draft's is draft_tensor_parallel_size.
         "forbidden": {"tensor_parallel_size": "use draft_tensor_parallel_size (1 or the target's tensor-parallel size)"},
         "method_key": "method",
     }
 
 
-def sglang_speculative(options: list) -> dict:
-    keys = {}
-    for entry in options:
-        if entry["dest"].startswith("speculative_"):
-            keys[entry["dest"]] = entry["flags"][0]
-    return {"keys": keys, "method_key": "speculative_algorithm", "algorithms": SGLANG_ALGORITHMS,
+def sglang_speculative(record: dict, options: list) -> dict:
+    keys = {entry["dest"]: entry["flags"][0] for entry in options if entry["dest"].startswith("speculative_")}
+    names = record["speculative"]["algorithms"]
+    # The names SGLang sets up (upper case, as ServerArgs compares them) and what each becomes.
+    algorithms = sorted(name for name, becomes in names.items() if becomes and name == name.upper() and name != "NONE")
+    return {"keys": keys, "method_key": "speculative_algorithm", "algorithms": algorithms,
+            "algorithm_aliases": {name: names[name] for name in algorithms if names[name] != name},
+            "refused_algorithms": sorted(name for name, becomes in names.items() if name and becomes is None),
             "all_or_none": SGLANG_STEP_KEYS}
 
 
-def version_of(lines: list, engine: str) -> str:
-    for line in lines:
-        match = re.search(r"%s (\d+\.\d+\.\d+)" % engine, line, re.IGNORECASE)
-        if match:
-            return match.group(1)
-    raise SystemExit("no %s version in the reference header" % engine)
+def record_name(record: dict) -> str:
+    return "%s-%s.json" % (record["engine"], record["version"])
 
 
-def build(reference: Path) -> dict:
-    """{file name: data} for every engine the reference directory holds."""
-    out = {}
-    vllm_tsv = reference / "vllm_serve_flags_detailed.tsv"
-    if vllm_tsv.exists():
-        source = header(reference / "vllm_serve_flags.txt")
-        version = version_of(source, "vllm")
-        out["vllm-%s.json" % version] = {
-            "engine": "vllm", "version": version, "source": source[:3],
-            "command": ["serve"], "model": {"positional": True},
-            # FlexibleArgumentParser: --a_b == --a-b before the first '.', --flag.key sub-keys of JSON flags.
-            "underscores": True, "dotted_keys": True, "abbreviations": True,
-            "optimization_shorthand": "--optimization-level",
-            "options": vllm_options(vllm_tsv),
-            "speculative": vllm_speculative(reference / "vllm_speculative_config_keys.tsv"),
-            "api_key_env": "VLLM_API_KEY",
-        }
-    sglang_tsv = reference / "sglang_server_flags_detailed.tsv"
-    if sglang_tsv.exists():
-        source = header(reference / "sglang_server_flags.txt")
-        version = version_of(source, "sglang")
-        options = sglang_options(sglang_tsv)
-        out["sglang-%s.json" % version] = {
-            "engine": "sglang", "version": version, "source": source[:3],
-            "command": ["serve"], "model": {"flag": "--model-path"},
-            "underscores": False, "dotted_keys": False, "abbreviations": True,
-            "options": options,
-            "speculative": sglang_speculative(options),
-            # SGLang reads no API key from the environment: it comes from a --config YAML file.
-            "api_key_env": None,
-        }
-    return out
+def derive(record: dict) -> dict:
+    """The flag data of one engine version: a pure function of its parser record."""
+    options = [option(action) for action in record["actions"]]
+    common = {"engine": record["engine"], "version": record["version"],
+              "source": "tests/fixtures/engine_parsers/" + record_name(record),
+              "command": ["serve"], "abbreviations": bool(record["allow_abbrev"]), "options": options}
+    if record["engine"] == "vllm":
+        for entry in options:
+            if entry["dest"] == "model":
+                entry["deprecated"] = True  # parsed, but `vllm serve` moves it to the positional with a warning
+        return dict(common, model={"positional": True},
+                    # FlexibleArgumentParser: --a_b == --a-b before the first '.', --flag.key sub-keys of JSON flags.
+                    underscores=True, dotted_keys=True, optimization_shorthand="--optimization-level",
+                    speculative=vllm_speculative(record), api_key_env="VLLM_API_KEY")
+    # SGLang reads no API key from the environment: it comes from a --config YAML file.
+    return dict(common, model={"flag": "--model-path"}, underscores=False, dotted_keys=False,
+                speculative=sglang_speculative(record, options), api_key_env=None)
+
+
+def record_text(record: dict) -> str:
+    """The record as committed: one action a line, so that a new version's diff reads per option."""
+    head = {key: value for key, value in record.items() if key != "actions"}
+    lines = [json.dumps(action, sort_keys=True, ensure_ascii=True) for action in record["actions"]]
+    return ('{"head": %s,\n"actions": [\n%s\n]}\n'
+            % (json.dumps(head, sort_keys=True, indent=1, ensure_ascii=True), ",\n".join(lines)))
+
+
+def read_record(path: Path) -> dict:
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    return dict(stored["head"], actions=stored["actions"])
+
+
+def dump(venv: Path) -> dict:
+    """Run tools/dump_engine_parser.py with the venv's python; the engine is named by the venv."""
+    engine = venv.name.split("-")[0]
+    if engine not in ("vllm", "sglang"):
+        raise SystemExit("%s: the venv's name starts with vllm- or sglang-" % venv)
+    env = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(venv / "bin" / "python"), str(DUMP), engine], capture_output=True, text=True,
+                          env=env, check=False)
+    if proc.returncode:
+        raise SystemExit("%s: the dump failed:\n%s" % (venv, proc.stderr[-3000:]))
+    return json.loads(proc.stdout)
+
+
+def data_text(record: dict) -> str:
+    return json.dumps(dict(derive(record), generated_by="tools/gen_flag_data.py"), indent=1, sort_keys=True) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reference", type=Path, help="directory with the engines' reference flag lists")
+    parser.add_argument("--dump", type=Path, nargs="+", default=[], metavar="VENV",
+                        help="engine venvs (build/engines/<engine>-<version>) to record first")
+    parser.add_argument("--records", type=Path, default=RECORDS)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed files differ")
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed data differs")
     args = parser.parse_args(argv)
-    data = build(args.reference)
-    if not data:
-        parser.error("no reference flag lists in %s" % args.reference)
-    stale = []
+    args.records.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, content in sorted(data.items()):
-        text = json.dumps(dict(content, generated_by="tools/gen_flag_data.py"), indent=1, sort_keys=True) + "\n"
-        path = args.out / name
+    for venv in args.dump:
+        record = dump(venv)
+        path = args.records / record_name(record)
+        path.write_text(record_text(record), encoding="utf-8")
+        print("recorded %s (%d options)" % (path, len(record["actions"])))
+    records = sorted(args.records.glob("*.json"))
+    if not records:
+        parser.error("no parser records in %s" % args.records)
+    stale = []
+    for path in records:
+        record = read_record(path)
+        target = args.out / record_name(record)
+        text = data_text(record)
         if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(str(path))
+            if not target.exists() or target.read_text(encoding="utf-8") != text:
+                stale.append(str(target))
             continue
-        path.write_text(text, encoding="utf-8")
-        print("wrote %s (%d options)" % (path, len(content["options"])))
+        target.write_text(text, encoding="utf-8")
+        print("wrote %s" % target)
     if stale:
-        print("out of date: %s" % ", ".join(stale), file=sys.stderr)
+        print("out of date: %s (run tools/gen_flag_data.py)" % ", ".join(stale), file=sys.stderr)
         return 1
     return 0
 

@@ -22,6 +22,8 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action 
 ARGUMENT_SPEC = {
     "engine": {"type": "str", "required": True, "choices": ["vllm", "sglang"]},
     "engine_version": {"type": "str", "default": ""},
+    "host_engine_version": {"type": "str", "default": ""},
+    "host_engine_problem": {"type": "str", "default": ""},
     "flag_dirs": {"type": "list", "elements": "path", "required": True},
     "model": {"type": "str", "required": True},
     "served_name": {"type": "str", "default": ""},
@@ -60,8 +62,9 @@ class ActionModule(ControllerAction):
         secrets = args.get("secrets") or {}
         mask = secret_masker(secrets)
         try:
-            flags = _engine_flags.EngineFlags(_engine_flags.load(args["flag_dirs"], args["engine"],
-                                                                 args["engine_version"]))
+            flags = _engine_flags.EngineFlags(_engine_flags.load(
+                args["flag_dirs"], args["engine"], args["engine_version"],
+                host_version=args.get("host_engine_version", ""), host_problem=args.get("host_engine_problem", "")))
             built = _serve_command.build(args, flags)
             problems = inference_service_secret_problems(secrets, built)
         except (_engine_flags.FlagError, _serve_command.ServeConfigError) as exc:

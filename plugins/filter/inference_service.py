@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import not_texts
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import executable_path, not_texts
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
 NUMBERS = (
@@ -151,9 +151,16 @@ def inference_service_secret_problems(secrets, args):
     return problems
 
 
+def inference_service_executable(variables: Mapping, engine: str) -> str:
+    """The engine's executable the unit will run (the one the role asks for the engine's version)."""
+    return executable_path({"executable": variables.get("inference_service_executable"),
+                            "venv": variables.get("inference_service_venv")}, engine)
+
+
 class FilterModule:
     """The inference_service role's checks."""
 
     def filters(self):
         return {"inference_service_problems": inference_service_problems,
+                "inference_service_executable": inference_service_executable,
                 "inference_service_secret_problems": inference_service_secret_problems}

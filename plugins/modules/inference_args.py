@@ -70,8 +70,18 @@ options:
     choices: [vllm, sglang]
   engine_version:
     description:
-      - The engine version whose flag data checks the command line; empty means the newest with data. A version
+      - The engine version whose flag data checks the command line; empty means O(host_engine_version). A version
         without data fails with the versions known.
+    type: str
+    default: ""
+  host_engine_version:
+    description:
+      - The version the host's installed engine reports (the role asks its Python), used when O(engine_version) is
+        empty. With both empty the module fails with the versions known; it never guesses a version.
+    type: str
+    default: ""
+  host_engine_problem:
+    description: Why the host's engine did not report its version, for the failure's message.
     type: str
     default: ""
   flag_dirs:

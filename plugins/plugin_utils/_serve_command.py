@@ -227,11 +227,7 @@ class _Builder:
             self.problem("%s must be the absolute path of the engine's executable, got %r" % (_var("executable"), exe))
 
     def executable(self) -> str:
-        if self.s["executable"]:
-            return self.s["executable"]
-        if self.s["venv"]:
-            return posixpath.join(self.s["venv"], "bin", self.flags.engine)
-        return posixpath.join("/usr/local/bin", self.flags.engine)
+        return executable_path(self.s, self.flags.engine)
 
     def unit_stem(self) -> str:
         return self.s["unit"][: -len(".service")] if isinstance(self.s["unit"], str) else "inference"
@@ -675,6 +671,16 @@ def gate_url(host: str, port: int, scheme: str = "http") -> str:
     if (parts.scheme, parts.hostname, parts.port, parts.username, parts.path) != (scheme, name, port, None, ""):
         raise ValueError("the gate's URL %s does not read back as %s port %d" % (url, name, port))
     return url
+
+
+def executable_path(settings: dict, engine: str) -> str:
+    """The engine's executable: inference_service_executable, else <venv>/bin/<engine>, else
+    /usr/local/bin/<engine> (the role asks the same file's Python for the engine's version)."""
+    if settings.get("executable"):
+        return settings["executable"]
+    if settings.get("venv"):
+        return posixpath.join(settings["venv"], "bin", engine)
+    return posixpath.join("/usr/local/bin", engine)
 
 
 def build(settings: dict, flags: EngineFlags) -> dict:

@@ -216,6 +216,8 @@ def test_reset_and_serve_brings_every_host_up_with_the_exact_command_line(served
     for name in HOSTS:
         service = rows[name]["service"]
         assert service["status"] == "ready", service
+        # No inference_service_engine_version here: the version the host's installed engine reported.
+        assert service["engine_version"] == engines.newest(service["engine"]), service
         assert service["ready_s"] is not None and service["first_completion_ms"] is not None
         assert service["completion"].strip()
         pid = served.main_pid(name)

@@ -40,12 +40,25 @@ def _version_dir(tmp_path, name, **changes):
     return str(path)
 
 
-def test_without_a_version_the_newest_is_chosen_by_number_not_by_text(tmp_path):
-    """0.10.0 is newer than 0.9.2, though "0.9.2" sorts after it as text."""
+def test_without_a_version_the_hosts_engine_picks_the_data_and_never_the_newest(tmp_path):
+    """inference_service_engine_version empty: the version the host's engine reported picks the
+    data; with no report, or one without data, a refusal naming the versions known (sorted as
+    numbers: 0.10.0 after 0.9.2), never the newest data silently."""
     directory = _version_dir(tmp_path, "flags", version="0.9.2")
     _version_dir(tmp_path, "flags", version="0.10.0")
-    assert _engine_flags.EngineFlags(_engine_flags.load([directory], "vllm", "")).version == "0.10.0"
-    assert build(engine_version="")["engine_version"] == "0.33.0"
+    assert _engine_flags.load([directory], "vllm", "", host_version="0.9.2")["version"] == "0.9.2"
+    with pytest.raises(_engine_flags.FlagError) as caught:
+        _engine_flags.load([directory], "vllm", "", host_problem="there is no /usr/local/bin/vllm")
+    assert str(caught.value) == (
+        "inference_service_engine_version is empty and the host's vllm did not tell its version (there is no "
+        "/usr/local/bin/vllm); set inference_service_engine_version to one of the versions known: 0.9.2, 0.10.0")
+    with pytest.raises(_engine_flags.FlagError) as caught:
+        _engine_flags.load([directory], "vllm", "", host_version="0.11.0")
+    assert str(caught.value).startswith(
+        "the host's vllm is version '0.11.0' (inference_service_engine_version is empty), which has no flag data; "
+        "known versions: 0.9.2, 0.10.0")
+    # The user's version wins over the host's answer.
+    assert _engine_flags.load([directory], "vllm", "0.10.0", host_version="0.9.2")["version"] == "0.10.0"
 
 
 def test_the_users_flag_data_replaces_the_roles_for_the_same_version(tmp_path):

@@ -63,7 +63,7 @@ def test_an_engine_version_without_data_is_one_sentence_not_a_traceback():
     with pytest.raises(AnsibleActionFail) as caught:
         act(engine_version="0.9.2")
     assert str(caught.value.message).startswith("inference_service: inference_service_engine_version '0.9.2': "
-                                                "no flag data for vllm 0.9.2; known versions: 0.33.0")
+                                                "no flag data for vllm 0.9.2; known versions: 0.31.0, 0.32.0, 0.33.0")
 
 
 def refusal(**overrides) -> str:

@@ -1,6 +1,9 @@
 """Install the stand-in engine (tests/sim/engine) on a fleet host as /usr/local/bin/vllm and
 /usr/local/bin/sglang, with the role's flag data it parses its command line with, and a fake
-NVML state of the host's four GPUs for it to register memory in.
+NVML state of the host's four GPUs for it to register memory in. Each engine also gets the
+package metadata pip would leave (a dist-info of its version in the host Python's
+dist-packages): the role asks the executable's Python for the installed version, and the
+stand-in takes its flag data by the same version.
 
 Written through the host's overlay root from this machine, so it works on a running host.
 The host must have this repository's tests/ at /opt/cleanslate/tests (the fleet's copy_in).
@@ -26,6 +29,24 @@ sys.exit(main("{engine}", sys.argv[1:]))
 """
 
 
+DIST_PACKAGES = "usr/lib/python3/dist-packages"  # on Debian's python3 path, whatever its minor version
+
+
+def newest(engine: str) -> str:
+    versions = [path.stem.split("-", 1)[1] for path in FLAGS.glob(engine + "-*.json")]
+    return max(versions, key=lambda version: [int(part) for part in version.split(".")])
+
+
+def set_version(root: Path, engine: str, version: str) -> None:
+    """The installed engine's package metadata, as pip writes it (only Name and Version are read)."""
+    packages = Path(root) / DIST_PACKAGES
+    for old in packages.glob(engine + "-*.dist-info"):
+        shutil.rmtree(old)
+    info = packages / ("%s-%s.dist-info" % (engine, version))
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (engine, version))
+
+
 def install(root: Path) -> dict:
     """Install into the host whose root file system is `root`; returns the host-side paths."""
     root = Path(root)
@@ -39,6 +60,7 @@ def install(root: Path) -> dict:
         path = bin_dir / engine
         path.write_text(WRAPPER.format(engine=engine, parent=PARENT))
         path.chmod(0o755)
+        set_version(root, engine, newest(engine))
     FakeNvml(root / NVML_STATE.lstrip("/")).create(gpu_count=GPUS)
     return {"executables": ["/usr/local/bin/vllm", "/usr/local/bin/sglang"], "nvml_state": NVML_STATE}
 
@@ -47,5 +69,7 @@ def uninstall(root: Path) -> None:
     root = Path(root)
     for engine in ("vllm", "sglang"):
         (root / "usr/local/bin" / engine).unlink(missing_ok=True)
+        for info in (root / DIST_PACKAGES).glob(engine + "-*.dist-info"):
+            shutil.rmtree(info)
     shutil.rmtree(root / NVML_STATE.lstrip("/"), ignore_errors=True)
     shutil.rmtree(root / PARENT.lstrip("/") / "roles", ignore_errors=True)

@@ -9,6 +9,7 @@ command lines the role renders.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -23,7 +24,17 @@ class UsageError(Exception):
     """What argparse would print before exiting 2."""
 
 
+def installed_version(engine: str) -> str:
+    """The version an installed package of the engine's name reports (engines.py writes one on
+    the fleet's hosts, as pip would): what the role's version probe reads."""
+    try:
+        return importlib.metadata.version(engine)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 def flags_file(engine: str, version: str, flags_dir: Path) -> Path:
+    version = version or installed_version(engine)
     if version:
         path = flags_dir / ("%s-%s.json" % (engine, version))
         if not path.exists():
@@ -46,9 +57,40 @@ def _human(value: str) -> int:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
-def _type(name: str):
-    return {"int": int, "float": float, "human_int": _human,
-            "human_int_or_auto": lambda v: -1 if v in ("-1", "auto") else _human(v)}.get(name, str)
+def _json_object(value: str) -> dict:
+    parsed = json.loads(value)
+    if not isinstance(parsed, dict):
+        raise ValueError("not a JSON object")
+    return parsed
+
+
+def _human_lower(value: str) -> int:
+    match = HUMAN.match(value)
+    if match and not match.group(2).islower():
+        raise ValueError(value)
+    return _human(value)
+
+
+TYPES = {"int": int, "float": float, "human_int": _human, "json": json.loads, "json_object": _json_object,
+         "human_int_lower": _human_lower,
+         "human_int_or_auto": lambda v: -1 if v in ("-1", "auto") else _human(v)}
+
+
+def _type(option: dict):
+    """The option's value as the engine reads it: its type; '' as None where the engine's
+    optional types take it; vLLM's choices in lower case with '_' for '-'."""
+    kind = TYPES.get(option.get("type"), str)
+    spelling = option.get("choice_spelling")
+
+    def read(value: str):
+        if option.get("empty") and value == "":
+            return None
+        if spelling:
+            value = value.lower().replace("-", "_") if spelling == "lower_underscore" else value.lower()
+        return kind(value)
+
+    read.__name__ = getattr(kind, "__name__", "value")
+    return read
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,12 +107,14 @@ def build_parser(data: dict) -> argparse.ArgumentParser:
         if option["nargs"] == 0:
             parser.add_argument(*option["flags"], dest=option["dest"], action="store_true")
             continue
-        kwargs = {"dest": option["dest"], "type": _type(option["type"])}
+        kwargs = {"dest": option["dest"], "type": _type(option)}
         if option["nargs"] is not None:
             kwargs["nargs"] = option["nargs"]
         if option.get("choices"):
-            kwargs["choices"] = [kwargs["type"](c) if option["type"] in ("int", "float") else c
+            kwargs["choices"] = [TYPES[option["type"]](c) if option["type"] in ("int", "float") else c
                                  for c in option["choices"]]
+            if option.get("empty") and "None" in option["choices"]:
+                kwargs["choices"].append(None)
         parser.add_argument(*option["flags"], **kwargs)
     return parser
 
@@ -153,7 +197,7 @@ def parse(engine: str, argv: list, flags_dir: Path, version: str = "") -> tuple:
     namespace = build_parser(data).parse_args(args)
     if engine == "vllm":
         spec = namespace.speculative_config
-        if spec is not None:
+        if isinstance(spec, str):  # flag data of a parser whose type callable was not recorded
             try:
                 spec = json.loads(spec)
             except ValueError as exc:

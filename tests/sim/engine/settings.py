@@ -14,7 +14,8 @@
                           "health_delay_s": .., "crash_after_s": ..} read at each start,
                           so a test changes a running unit's next start without editing the unit
     STANDIN_FLAGS_DIR     the flag data (default: the role's files/flags in this checkout)
-    STANDIN_VERSION       the engine version to be (default: the newest with data)
+    STANDIN_VERSION       the engine version to be (default: the installed package's version, as
+                          the role's probe reads it; else the newest with data)
     STANDIN_DEV_DIR       where the GPU device files are (default /dev)
     STANDIN_STATE_FILE    where to write what it parsed and when it became ready (JSON), if set
     STANDIN_HOLD_FILE     while this file exists, loading goes on after load_s (a test ends it by
