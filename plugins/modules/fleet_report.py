@@ -67,7 +67,8 @@ options:
       - Inventory names of the hosts to report, in this order; each row is built from the host's C(node_reset_result)
         fact.
       - 'Row keys: C(host), C(status), C(ok), C(reset_ok) (the verdict of node_reset alone, which O(rows) never change),
-        C(changed), C(killed) (in a read-only run: what a reset would stop),
+        C(fails_host) (node_reset_result''s rule of what fails the host - not ok, except GPUs in use after a reset in
+        check mode), C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run.'

@@ -301,7 +301,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 # Problems become warnings too, but a broken tree should not flood the play output.
@@ -309,7 +310,6 @@ MAX_WARNINGS = 20
 
 # probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, and about 25 CPU
 # seconds compiled in full); above it, a number is a mistake rather than a wish to wait.
-MAX_PROBE_TIMEOUT = 86400
 
 # After the probe's process group is killed, how long its pipes may take to close. Only a
 # process that left the group (setsid) can hold them longer, and then the result is lost anyway.
@@ -343,8 +343,7 @@ def input_problems(params):
         problems.append('python %s does not exist' % python)
     elif not os.path.isfile(python) or not os.access(python, os.X_OK):
         problems.append('python %s is not an executable file' % python)
-    problems.append(number_problem('probe_timeout', params['probe_timeout'], above=0, maximum=MAX_PROBE_TIMEOUT,
-                                   unit='seconds'))
+    problems.append(range_problem('pycache_purge', 'probe_timeout', params['probe_timeout']))
     return [problem for problem in problems if problem]
 
 

@@ -5,6 +5,10 @@ not reset (healthy, or refused), and the columns reset_and_serve.yml passes to f
 then fleet_report's host_row, merge_rows and render_markdown, as the action runs them."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
@@ -17,6 +21,7 @@ LOADER = DataLoader()
 ROLE_VARS = LOADER.load_from_file(str(REPO / "roles" / "inference_service" / "vars" / "main.yml"),
                                   trusted_as_template=True)
 PLAYBOOK = LOADER.load_from_file(str(REPO / "playbooks" / "reset_and_serve.yml"), trusted_as_template=True)
+ANSIBLE = Path(sys.executable).with_name("ansible")
 
 
 def _task(name: str) -> dict:
@@ -44,9 +49,17 @@ def service_row(host: str, result: dict) -> dict:
 
 
 def recorded_result(task: str, host: str, **variables) -> dict:
-    """The node_reset_result that reset_and_serve.yml's set_fact `task` records for `host`."""
+    """The node_reset_result that reset_and_serve.yml's set_fact `task` records for `host`, templated
+    by Ansible itself: the template calls the collection's filter (cleanslate.gpu.node_reset_result),
+    which only Ansible's collection loader finds, as in a run."""
     fact = _task(task)["ansible.builtin.set_fact"]["node_reset_result"]
-    return Templar(loader=LOADER, variables=dict(variables, inventory_hostname=host)).template(fact)
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    given = dict(variables, ansible_python_interpreter=sys.executable, recorded=str(fact))
+    out = subprocess.run([str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-m", "ansible.builtin.debug",
+                          "-a", "var=recorded", "-e", json.dumps(given)], cwd=REPO, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    # "localhost | SUCCESS => {JSON}"
+    return dict(json.loads(out.split("=>", 1)[1])["recorded"], host=host)
 
 
 def reset_result() -> dict:
