@@ -20,28 +20,19 @@ description:
     reported V(not run).
   - The report play of C(cleanslate.gpu.reset) and C(cleanslate.gpu.verify) (C(playbooks/fleet_report.yml)) calls it
     with every host of the run.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details:
       - The report is written all the same (it is a file of the controller, not a change of any target), named
         C(<kind>-check-<stamp>), with C(check_mode) true in the JSON; its columns say what a reset would stop and remove,
         and each row lists C(would_stop).
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   dest:
     description:

@@ -49,16 +49,14 @@ description:
     problem.
   - Without an NVIDIA driver or without the C(pynvml) library it works from the device files alone and says so in
     RV(nvml).
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it NVML hints are skipped)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - RV(targets) lists what would be signalled; nothing is signalled.
   diff_mode:
@@ -67,8 +65,6 @@ attributes:
       - The processes that map the device files, before and after, one line each; each target's line also says why it
         is one (its reason and evidence) and its command line, so a target found by O(cmdline_patterns) that maps no
         device file is listed too.
-  platform:
-    platforms: posix
 notes:
   - Linux only (it reads C(/proc)).
   - Runs as root. Without root it cannot read other users' mappings nor signal their processes, so it fails at once

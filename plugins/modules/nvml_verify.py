@@ -30,16 +30,14 @@ description:
   - "Every problem, in RV(gpus[].problems) and in the message, starts with the GPU's index, UUID and PCI
     bus id, for example C(GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): ...)."
   - Read-only. C(changed) is always false; check mode runs the same checks.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - nvidia-ml-py (import C(pynvml)) on the managed host
   - the NVIDIA driver and its C(libnvidia-ml.so.1)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Check mode runs the same read-only checks.
   diff_mode:
@@ -47,7 +45,6 @@ attributes:
     details:
       - Nothing changes, so there is no diff.
   platform:
-    platforms: posix
     details:
       - Linux hosts with the NVIDIA driver.
 options:

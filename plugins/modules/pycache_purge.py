@@ -43,23 +43,19 @@ description:
   - File names are returned as text. A byte that is not valid UTF-8 is written as the four characters C(\xNN)
     (backslash, C(x), two hexadecimal digits), as Python's C(backslashreplace) does, so a name of any bytes is
     reported; valid UTF-8 is returned as it is. This holds for every path in the results and in messages.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - O(python) must be CPython or PyPy 3.8 or later. The module itself runs on Python 3.9 or later.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Nothing is removed; RV(removed) lists what would be removed.
   diff_mode:
     support: full
     details:
       - The bytecode files that go, one per line with the reason; nothing is listed after.
-  platform:
-    platforms: posix
 options:
   paths:
     description:

@@ -32,15 +32,13 @@ description:
     process may use it under its other name.
   - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
     relative to a descriptor of the directory, opened one path component at a time.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Nothing is removed; RV(removed) lists what would be removed.
   diff_mode:
@@ -48,7 +46,6 @@ attributes:
     details:
       - The names in O(path) before and after the run.
   platform:
-    platforms: posix
     details:
       - Linux only; the in-use check reads C(/proc).
 options:
