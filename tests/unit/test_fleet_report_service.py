@@ -1,6 +1,5 @@
 """The fleet report of reset_and_serve, through the report's own code: each host's row keys as
-the inference_service role writes them (`__inference_service_report_row` in its vars, rendered
-by Ansible's templating), the node_reset results reset_and_serve.yml records for a host it does
+the inference_service role writes them (cleanslate.gpu.inference_service_report_row), the node_reset results reset_and_serve.yml records for a host it does
 not reset (healthy, or refused), and the columns reset_and_serve.yml passes to fleet_report.yml,
 then fleet_report's host_row, merge_rows and render_markdown, as the action runs them."""
 from __future__ import annotations
@@ -12,14 +11,12 @@ import sys
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row, merge_rows, render_markdown
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_result import inference_service_report_row
 
 REPO = Path(__file__).resolve().parents[2]
 LOADER = DataLoader()
-ROLE_VARS = LOADER.load_from_file(str(REPO / "roles" / "inference_service" / "vars" / "main.yml"),
-                                  trusted_as_template=True)
 PLAYBOOK = LOADER.load_from_file(str(REPO / "playbooks" / "reset_and_serve.yml"), trusted_as_template=True)
 ANSIBLE = Path(sys.executable).with_name("ansible")
 
@@ -44,8 +41,7 @@ def columns() -> list:
 
 def service_row(host: str, result: dict) -> dict:
     """inference_service_report_row for a host whose inference_service_result is `result`."""
-    variables = dict(ROLE_VARS, inventory_hostname=host, __inference_service_new_result=result)
-    return Templar(loader=LOADER, variables=variables).template(ROLE_VARS["__inference_service_report_row"])
+    return inference_service_report_row(dict(result, host=host))
 
 
 def recorded_result(task: str, host: str, **variables) -> dict:
