@@ -27,6 +27,8 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import
 # ZERO_ALLOWED says so. A number given with -e is a string: it is converted first. A module
 # option's variable takes the module's own range (module_utils/_ranges.py), the role's own
 # variables have theirs here.
+
+
 def _module_rule(name, rule, zero_allowed=False):
     words = _ranges.words(rule)
     if zero_allowed:
@@ -43,7 +45,6 @@ NUMBERS = tuple(_module_rule(name, rule, zero_allowed=name == "node_reset_nvml_v
 ZERO_ALLOWED = ("node_reset_pve_vmid", "node_reset_nvml_verify_expected_count")
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
-CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths")
 # Python's own rule for a module name: dotted identifiers.
@@ -129,15 +130,17 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
         if bad:
             problems.append("%s has %s: a GPU is an index (a non-negative integer such as 0) or a UUID"
                             " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_role_spec.shown, bad))))
+    # nvml_verify's own checks (its documented choices, which the role's spec takes: tools/gen_node_reset_docs.py).
+    known = spec()["node_reset_nvml_verify_checks"]["choices"]
     checks = values.get("node_reset_nvml_verify_checks")
     checks = _items(checks) if checks or isinstance(checks, str) else []
     if not checks:
         problems.append("node_reset_nvml_verify_checks is empty: give at least one of %s (with none, any GPU would"
-                        " pass)." % ", ".join(CHECKS))
-    unknown = [check for check in checks if check not in CHECKS]
+                        " pass)." % ", ".join(known))
+    unknown = [check for check in checks if check not in known]
     if unknown:
         problems.append("node_reset_nvml_verify_checks has %s: the checks are %s."
-                        % (", ".join(map(_role_spec.shown, unknown)), ", ".join(CHECKS)))
+                        % (", ".join(map(_role_spec.shown, unknown)), ", ".join(known)))
     cgroup = values.get("node_reset_gpu_reset_cgroup")
     if cgroup is not None and not _text(cgroup).strip():
         problems.append("node_reset_gpu_reset_cgroup is %s: an empty cgroup text would match every process; leave"
