@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
+from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
 from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (node_reset_problems, node_reset_result,
                                                                           variables)
 
@@ -82,8 +83,7 @@ def test_selectors_checks_and_scopes():
         " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).",
         'node_reset_nvml_verify_gpus has "\\u00b2", "True": a GPU is an index (a non-negative integer such as 0) or'
         " a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).",
-        'node_reset_nvml_verify_checks has "temperature": the checks are memory, processes, count, ecc,'
-        " remapped_rows, retired_pages.",
+        'node_reset_nvml_verify_checks has "temperature": the checks are %s.' % ", ".join(nvml_verify.CHECKS),
         'node_reset_gpu_reset_cgroup is " ": an empty cgroup text would match every process; leave it unset (null)'
         " for no cgroup limit.",
         'node_reset_gpu_reset_users is "root,": an empty list or name would match no process; leave it unset (null)'
