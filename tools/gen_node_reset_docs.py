@@ -67,6 +67,7 @@ def from_modules(root: Path, steps) -> dict:
         for option in step.options:
             keys = {key: documented[option][key] for key in FROM_MODULE if key in documented[option]}
             keys.setdefault("type", "str")
+            keys["where"] = (step.module, option)
             taken[step.variable(option)] = keys
     return taken
 
@@ -155,7 +156,7 @@ def spec_text(text: str, steps, rules: dict, taken: dict = None) -> str:
         raise SystemExit("a step's words may not hold ': ' or ' #' (YAML): %s" % words)
     description = wrap(words, " " * 6)
     text = between(text, "# BEGIN STEPS %s" % GENERATED, "# END STEPS", description, str(SPEC))
-    lines, option, seen = text.split("\n"), None, set()
+    lines, option, seen = add_missing(text.split("\n"), taken or {}, rules), None, set()
     for i, line in enumerate(lines):
         match = OPTION.match(line)
         if match:
@@ -180,9 +181,37 @@ def spec_text(text: str, steps, rules: dict, taken: dict = None) -> str:
     return "\n".join(lines)
 
 
+def add_missing(lines: list, taken: dict, rules: dict) -> list:
+    """A variable of a module option the registry names but the spec lacks: its entry, after the
+    registry's previous variable (the description points at the module's; write a better one)."""
+    names = [name for name, dummy, dummy in reversed(list(option_blocks(lines)))]
+    for index, name in enumerate(taken):
+        if name in names:
+            continue
+        before = [known for known in list(taken)[:index] if known in names]
+        ends = {block: end for block, dummy, end in option_blocks(lines)}
+        at = ends[before[-1]] if before else [i for i, line in enumerate(lines) if OPTION.match(line)][0]
+        module, option = taken[name]["where"]
+        block = ["      %s:" % name, "        type: %s" % taken[name]["type"], "        description:",
+                 "          - The C(%s) option of M(cleanslate.gpu.%s)." % (option, module)]
+        if name in rules:
+            block.append("          - The range is x.")
+        lines[at:at] = block
+        names.append(name)
+    return lines
+
+
 def defaults_text(text: str, taken: dict) -> str:
     lines = text.split("\n")
-    for name, keys in taken.items():
+    for index, (name, keys) in enumerate(taken.items()):
+        if not any(re.match(r"%s:( |$)" % re.escape(name), line) for line in lines):
+            # A new variable: after the registry's previous one, the role's "not given" without a module default.
+            previous = [i for i, line in enumerate(lines) for known in list(taken)[:index]
+                        if re.match(r"%s:( |$)" % re.escape(known), line)]
+            at = max(previous) + 1 if previous else len(lines)
+            while at < len(lines) and lines[at].startswith("  "):
+                at += 1
+            lines.insert(at, "%s: null" % name)
         if "default" in keys:
             set_key(lines, 0, len(lines), "", name, keys["default"])
     return "\n".join(lines)

@@ -262,8 +262,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     if (failed_step in HOST_CHECKS or _refused_first(failed_step, steps)) \
             and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
-    # The sweep from the Proxmox node runs with its failure ignored (a failure there, in the role's
-    # rescue, would end the host without its result): a failed sweep is the failed step.
+    # The sweep from the Proxmox node runs with its failure ignored (recorded, not raised, as the
+    # container's own steps are done): a failed sweep is the failed step.
     if not failed_step and _step(steps, "pve_sweep").get("failed"):
         failed_step, failed_result = "pve_sweep", _step(steps, "pve_sweep")
     if invalid and not failed_step:
