@@ -150,9 +150,9 @@ def test_the_docs_and_the_argument_spec_say_the_registrys_order_and_ranges(tmp_p
     class Moved:
         MODULE_STEPS = steps.MODULE_STEPS[1:] + steps.MODULE_STEPS[:1]
     doc = (REPO / "docs" / "node_reset.md").read_text()
-    rules = {rule_name: words for rule_name, words in gen.sources(REPO)[1].items()}
+    rules = gen.sources(REPO)[1]
     lines = gen.doc_text(doc, Moved, rules).split("\n")
-    assert lines[lines.index(next(line for line in lines if line.startswith("2. ")))] .startswith("2. **gpu_reset**")
+    assert next(line for line in lines if line.startswith("2. ")).startswith("2. **gpu_reset**")
     spec = gen.spec_text((REPO / SPEC_PATH).read_text(), Moved, dict(rules, node_reset_pve_sweep_after="x"))
     assert "in this order. gpu_reset, to stop" in " ".join(spec.split())
     assert "- The range is x." in spec
