@@ -129,3 +129,12 @@ def test_the_check_mode_row_is_ok_and_says_check():
     assert rows["node1"]["ok"] and rows["node1"]["problems"] == []
     assert "| node1 | ok | 2 | 264538 | 128.0 KiB | 0 | 2.1 | vllm 0.33.0 | - | - | - | check |" in lines
     assert "1 host, 0 not ok." in lines
+
+
+def test_a_refused_host_has_one_problem_per_refused_variable():
+    # The reason holds one line per refused variable; the report lists each apart.
+    result = recorded_result("Record that the host was refused before anything was touched", "node5",
+                             inference_service_result={"reason": "inference_service_port is 0: a.\n"
+                                                                 "inference_service_model is \"\": b.\n"})
+    assert result["problems"] == ["inference_service_port is 0: a.", 'inference_service_model is "": b.']
+    assert (result["status"], result["fails_host"]) == ("invalid", True)
