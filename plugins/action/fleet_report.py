@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import as_number
@@ -45,8 +46,9 @@ RESULT_FACT = "node_reset_result"
 KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
 STAMP = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
 NOT_RUN = "no result: the host failed or did not answer before the role's first step (see the run's output)"
-# The steps in the order they run, as named in node_reset_result.steps.
-STEPS = ("nvml_before", "gpu_reset", "shm_clean", "pycache_purge", "nvml_verify", "pve_sweep")
+# The steps that measure their own time, in the order they run (node_reset_result.steps): the
+# unit stop is systemd's, not measured.
+STEPS = tuple(name for name in _steps.RESULT_STEPS if name != "unit")
 
 
 def _number(value, kind=int):
@@ -137,7 +139,8 @@ def seconds_per_step(steps: Mapping) -> dict:
 
 
 def not_run_row(host: str, why: str) -> dict:
-    return {"host": host, "status": "not run", "ok": False, "reset_ok": False, "changed": False, "killed": 0, "mib_freed": 0,
+    return {"host": host, "status": "not run", "ok": False, "reset_ok": False, "fails_host": True, "changed": False,
+            "killed": 0, "mib_freed": 0,
             "mib_freed_per_gpu": {}, "gpus_lost": [], "shm_bytes_freed": 0, "bytecode_removed": 0, "seconds": 0.0,
             "seconds_per_step": {}, "problems": [why]}
 
@@ -181,6 +184,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
         "ok": bool(result.get("ok")),
         # node_reset's own verdict: `ok` may still be and-ed with what a playbook adds (rows).
         "reset_ok": bool(result.get("ok")),
+        # Whether the report's last play fails the host: node_reset_result's own rule (a report
+        # written before the rule was in the result: not ok fails).
+        "fails_host": bool(result.get("fails_host", not result.get("ok"))),
         "changed": bool(result.get("changed")),
         "killed": _number(result.get("killed_count")) or 0,
         "mib_freed": sum(freed.values()),

@@ -22,12 +22,10 @@ from __future__ import annotations
 from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
-# The order of the design (docs/design.md, section 2). The bytecode first: it is the one step whose
-# inputs only the host can refuse (a module that does not resolve, a path that is not there), and
-# it needs no process stopped (an interpreter that imported a module never reads its .pyc again,
-# and one that imports it later compiles the source as it is now), so a refusal comes before any
-# signal. Then no segment is removed while its holders live, and the GPUs are read last.
-STEPS = ("pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
+
+# The order of the reset, and why, is the steps' registry's (plugin_utils/_node_reset_steps.py).
+STEPS = _steps.MODULES
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
 ARGUMENT_SPEC = {name: {"type": "dict"} for name in STEPS}

@@ -18,38 +18,40 @@ import time
 from collections.abc import Mapping
 
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _ranges
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); 0 is also allowed where
-# ZERO_ALLOWED says so. A number given with -e is a string: it is converted first.
-NUMBERS = (
-    ("node_reset_gpu_reset_grace_period", 0, None, 3600, "a number of seconds from 0 to 3600"),
-    ("node_reset_gpu_reset_kill_timeout", None, 0, 3600, "a number of seconds above 0, at most 3600"),
-    ("node_reset_shm_clean_min_age", 0, None, 31536000, "a number of seconds from 0 to 31536000 (a year)"),
-    ("node_reset_nvml_verify_expected_count", 0, None, 1024, "a GPU count from 0 (no check) to 1024"),
-    ("node_reset_nvml_verify_max_memory_used_mib", 0, None, 1048576, "a number of MiB from 0 to 1048576"),
-    ("node_reset_nvml_verify_timeout", 0, None, 86400, "a number of seconds from 0 to 86400"),
-    ("node_reset_nvml_verify_poll_interval", None, 0, 60, "a number of seconds above 0, at most 60"),
+# ZERO_ALLOWED says so. A number given with -e is a string: it is converted first. A module
+# option's variable takes the module's own range (module_utils/_ranges.py), the role's own
+# variables have theirs here.
+
+
+def _module_rule(name, rule, zero_allowed=False):
+    words = _ranges.words(rule)
+    if zero_allowed:
+        words += ", or 0 (no check)"
+    return (name, rule.get("minimum"), rule.get("above"), rule["maximum"], words)
+
+
+NUMBERS = tuple(_module_rule(name, rule, zero_allowed=name == "node_reset_nvml_verify_expected_count")
+                for name, rule in _steps.number_rules().items()) + (
     ("node_reset_pve_vmid", 100, None, 999999999, "0 (no container) or a vmid from 100 to 999999999"),
     ("node_reset_pve_connect_timeout", 1, None, 3600, "a number of seconds from 1 to 3600"),
     ("node_reset_pve_sweep_after", 0, None, 86400, "a number of seconds from 0 to 86400"),
 )
-ZERO_ALLOWED = ("node_reset_pve_vmid",)
+ZERO_ALLOWED = ("node_reset_pve_vmid", "node_reset_nvml_verify_expected_count")
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
-CHECKS = ("memory", "processes", "count", "ecc", "remapped_rows", "retired_pages")
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths", "node_reset_metrics_dir")
 # Python's own rule for a module name: dotted identifiers.
 MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
-# The steps in the order they run, as registered by the role and named in node_reset_result.steps.
-STEP_NAMES = ("nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify", "pve_sweep")
 # The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is
 # `invalid`, as is a refusal by pycache_purge when it runs first (_refused_first).
 HOST_CHECKS = ("pycache_check", "nvml_before")
-# The steps whose "the host did not answer" counts, in the order they run.
-REACHING = ("pve_reach", "deps", "nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
 
@@ -129,15 +131,17 @@ def input_problems(values: Mapping, pve_host_known=True) -> list:
         if bad:
             problems.append("%s has %s: a GPU is an index (a non-negative integer such as 0) or a UUID"
                             " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_role_spec.shown, bad))))
+    # nvml_verify's own checks (its documented choices, which the role's spec takes: tools/gen_node_reset_docs.py).
+    known = spec()["node_reset_nvml_verify_checks"]["choices"]
     checks = values.get("node_reset_nvml_verify_checks")
     checks = _items(checks) if checks or isinstance(checks, str) else []
     if not checks:
         problems.append("node_reset_nvml_verify_checks is empty: give at least one of %s (with none, any GPU would"
-                        " pass)." % ", ".join(CHECKS))
-    unknown = [check for check in checks if check not in CHECKS]
+                        " pass)." % ", ".join(known))
+    unknown = [check for check in checks if check not in known]
     if unknown:
         problems.append("node_reset_nvml_verify_checks has %s: the checks are %s."
-                        % (", ".join(map(_role_spec.shown, unknown)), ", ".join(CHECKS)))
+                        % (", ".join(map(_role_spec.shown, unknown)), ", ".join(known)))
     cgroup = values.get("node_reset_gpu_reset_cgroup")
     if cgroup is not None and not _text(cgroup).strip():
         problems.append("node_reset_gpu_reset_cgroup is %s: an empty cgroup text would match every process; leave"
@@ -238,7 +242,7 @@ def _would(gpu_reset, shm, pycache) -> list:
 
 
 def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=None, failed_result=None,
-                      invalid=None, started=None, unit="", now=None):
+                      invalid=None, started=None, unit="", now=None, note=None):
     """node_reset_result from the registered results of the steps (see docs/node_reset.md).
 
     `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), gpu_reset,
@@ -246,6 +250,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     step that did not run). `failed_step` names the step that failed (`validate`: a variable
     was refused, `invalid` lists why), `failed_result` is its result; `read_only` is true in
     check mode and for kind `verify`; `started` is the role's start (seconds since the epoch).
+    `note` says why the host needed no reset (reset_and_serve.yml: its server answers): nothing ran,
+    and the host is ok.
     """
     if not isinstance(steps, Mapping):
         raise TypeError("node_reset_result expects a mapping of the step results, got %s" % type(steps).__name__)
@@ -257,8 +263,8 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     if (failed_step in HOST_CHECKS or _refused_first(failed_step, steps)) \
             and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
         invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
-    # The sweep from the Proxmox node runs with its failure ignored (a failure there, in the role's
-    # rescue, would end the host without its result): a failed sweep is the failed step.
+    # The sweep from the Proxmox node runs with its failure ignored (recorded, not raised, as the
+    # container's own steps are done): a failed sweep is the failed step.
     if not failed_step and _step(steps, "pve_sweep").get("failed"):
         failed_step, failed_result = "pve_sweep", _step(steps, "pve_sweep")
     if invalid and not failed_step:
@@ -270,11 +276,12 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     reach, gpu_reset, sweep = _step(steps, "pve_reach"), _step(steps, "gpu_reset"), _step(steps, "pve_sweep")
     shm, pycache, verify = _step(steps, "shm_clean"), _step(steps, "pycache_purge"), _step(steps, "nvml_verify")
     unit_done = unit_result(_step(steps, "unit"), unit)
-    unreachable = ["unreachable: %s" % _step(steps, name).get("msg") for name in REACHING
+    unreachable = ["unreachable: %s" % _step(steps, name).get("msg") for name in _steps.REACHING
                    if _step(steps, name).get("unreachable")][:1]
-    clean = bool(verify.get("ok")) and not (_list(gpu_reset, "targets") or _list(shm, "removed")
-                                            or _list(pycache, "removed"))
+    clean = bool(verify.get("ok")) and not any(_steps.found(steps, step) for step in _steps.MODULE_STEPS)
     status = _status(kind, failed_step, reach, unreachable, verify, clean)
+    if note and status != "invalid":
+        status, steps = "ok", {}
     if status == "invalid":
         problems = [str(problem) for problem in invalid or []]
     else:
@@ -295,12 +302,14 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     now = time.time() if now is None else now
     started = float(started) if _role_spec.as_number(started) is not None and math.isfinite(float(started)) else now
     swept_clean = status == "swept-unreachable" and "survivors" in sweep and not sweep["survivors"]
-    return {
+    ok = status in ("ok", "clean") or swept_clean
+    result = {
         "host": host,
         "kind": kind,
         "status": status,
         # A swept container is ok when the sweep left no survivor.
-        "ok": status in ("ok", "clean") or swept_clean,
+        "ok": ok,
+        "fails_host": fails_host(ok, status, kind, read_only),
         "changed": any(bool(step.get("changed")) for step in (gpu_reset, shm, pycache, sweep))
         or bool(unit_done.get("stopped")),
         "failed_step": failed_step,
@@ -315,12 +324,40 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         "problems": problems,
         "unit": unit_done,
         "seconds_total": round(now - started, 2),
-        "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in STEP_NAMES},
+        "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in _steps.RESULT_STEPS},
     }
+    if note:
+        result["note"] = str(note)
+    return result
+
+
+def fails_host(ok, status, kind, read_only) -> bool:
+    """The one rule of what fails a host, read by the role's last task (fail_host.yml), the fleet
+    report's last play and the playbooks' rollout check: a result that is not ok, except GPUs in use
+    after a reset in check mode, which stopped nothing: they are what a reset would clean."""
+    return not ok and not (kind == "reset" and read_only and status == "dirty")
+
+
+def node_reset_step_args(values, read_only=False, pve=False):
+    """cleanslate.gpu.reset_steps' arguments from the role's variables (see _node_reset_steps)."""
+    if not isinstance(values, Mapping):
+        raise TypeError("node_reset_step_args expects a mapping of the role's variables, got %s" % type(values).__name__)
+    return _steps.step_arguments(values, read_only=bool(read_only), pve=bool(pve),
+                                 sweep_after=values.get("node_reset_pve_sweep_after"))
+
+
+def node_reset_sweep_args(values):
+    """The Proxmox node's sweep of a container: gpu_reset scoped to the container's cgroup
+    (node_reset_pve_cgroup, else /lxc/<vmid>/), then nvml_verify in the container."""
+    if not isinstance(values, Mapping):
+        raise TypeError("node_reset_sweep_args expects a mapping of the role's variables, got %s" % type(values).__name__)
+    cgroup = values.get("node_reset_pve_cgroup") or "/lxc/%s/" % values.get("node_reset_pve_vmid")
+    return _steps.sweep_arguments(values, str(cgroup))
 
 
 class FilterModule:
     """The node_reset role's checks and result."""
 
     def filters(self):
-        return {"node_reset_problems": node_reset_problems, "node_reset_result": node_reset_result}
+        return {"node_reset_problems": node_reset_problems, "node_reset_result": node_reset_result,
+                "node_reset_step_args": node_reset_step_args, "node_reset_sweep_args": node_reset_sweep_args}

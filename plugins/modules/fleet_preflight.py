@@ -23,25 +23,16 @@ description:
     checked.
   - The variables checked are those the first targeted host of O(group) sees (extra vars, play vars, its group and host
     vars); reading every host's would cost the controller time per host.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Checks the same way; it never changes anything.
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   group:
     description: The inventory group the run is for.

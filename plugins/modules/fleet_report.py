@@ -20,28 +20,19 @@ description:
     reported V(not run).
   - The report play of C(cleanslate.gpu.reset) and C(cleanslate.gpu.verify) (C(playbooks/fleet_report.yml)) calls it
     with every host of the run.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details:
       - The report is written all the same (it is a file of the controller, not a change of any target), named
         C(<kind>-check-<stamp>), with C(check_mode) true in the JSON; its columns say what a reset would stop and remove,
         and each row lists C(would_stop).
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   dest:
     description:
@@ -67,7 +58,8 @@ options:
       - Inventory names of the hosts to report, in this order; each row is built from the host's C(node_reset_result)
         fact.
       - 'Row keys: C(host), C(status), C(ok), C(reset_ok) (the verdict of node_reset alone, which O(rows) never change),
-        C(changed), C(killed) (in a read-only run: what a reset would stop),
+        C(fails_host) (node_reset_result''s rule of what fails the host - not ok, except GPUs in use after a reset in
+        check mode), C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run.'

@@ -49,16 +49,14 @@ description:
     problem.
   - Without an NVIDIA driver or without the C(pynvml) library it works from the device files alone and says so in
     RV(nvml).
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - psutil
   - nvidia-ml-py (optional; without it NVML hints are skipped)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - RV(targets) lists what would be signalled; nothing is signalled.
   diff_mode:
@@ -67,8 +65,6 @@ attributes:
       - The processes that map the device files, before and after, one line each; each target's line also says why it
         is one (its reason and evidence) and its command line, so a target found by O(cmdline_patterns) that maps no
         device file is listed too.
-  platform:
-    platforms: posix
 notes:
   - Linux only (it reads C(/proc)).
   - Runs as root. Without root it cannot read other users' mappings nor signal their processes, so it fails at once
@@ -396,7 +392,8 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 try:
@@ -424,7 +421,6 @@ GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+", re.IGNORECASE)
 # themselves. The real driver lists a process's share a few MiB below what it counts as used;
 # a CUDA context takes far more than this.
 UNATTRIBUTED_MIB = 256
-MAX_WAIT_S = 3600  # an hour: longer than any server's shutdown, short enough for poll() and a play
 MAX_ROUNDS = 3  # the first round of signals, then up to two for holders that appeared during it
 
 D_STATE_ACTION = "reboot or GPU reset required"
@@ -462,8 +458,7 @@ def own_command_lines():
 
 def input_problems(params):
     """One sentence per bad option value, found before anything is read or signalled."""
-    problems = [number_problem(option, params[option], minimum=0, maximum=MAX_WAIT_S, unit="seconds")
-                for option in ("grace_period", "kill_timeout")]
+    problems = [range_problem("gpu_reset", option, params[option]) for option in ("grace_period", "kill_timeout")]
     own = own_command_lines()
     problems.extend(compile_pattern(pattern, own)[1] for pattern in params["cmdline_patterns"])
     for path in params["device_paths"]:

@@ -43,25 +43,16 @@ description:
     unit's 0600 EnvironmentFile; SGLang reads no API key from the environment, so it gets C(--config) and a 0600
     YAML file that holds the key.
   - Runs on the controller; nothing is done on the target. The C(cleanslate.gpu.inference_service) role calls it.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: It only computes; check mode changes nothing.
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   engine:
     description: The engine.

@@ -30,16 +30,14 @@ description:
   - "Every problem, in RV(gpus[].problems) and in the message, starts with the GPU's index, UUID and PCI
     bus id, for example C(GPU 3 (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77, 00000000:5D:00.0): ...)."
   - Read-only. C(changed) is always false; check mode runs the same checks.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - nvidia-ml-py (import C(pynvml)) on the managed host
   - the NVIDIA driver and its C(libnvidia-ml.so.1)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Check mode runs the same read-only checks.
   diff_mode:
@@ -47,7 +45,6 @@ attributes:
     details:
       - Nothing changes, so there is no diff.
   platform:
-    platforms: posix
     details:
       - Linux hosts with the NVIDIA driver.
 options:
@@ -276,7 +273,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
     HAS_PYNVML,
     PYNVML_IMPORT_ERROR,
@@ -303,10 +301,6 @@ ARGUMENT_SPEC = dict(
     checks=dict(type="list", elements="str", choices=CHECKS, default=list(CHECKS)),
 )
 
-# Upper bounds: a reset waits minutes, not days; past them a typo (1e10) would stall a play.
-MAX_TIMEOUT_S = 86400
-MAX_CALL_TIMEOUT_S = 3600
-MAX_POLL_INTERVAL_S = 3600
 READ_MARGIN_S = 0.05  # time a read may take beyond twice the last one before the deadline cuts it
 
 RESET_HINT = "reset the GPU (nvidia-smi -r -i {index}) or reboot"
@@ -317,14 +311,10 @@ READING_KEYS = ("memory_used_mib", "memory_reserved_mib", "memory_total_mib", "m
 
 def input_problems(params):
     """One sentence per option value that cannot be honoured, found before NVML is touched."""
-    problems = [
-        number_problem("timeout", params["timeout"], minimum=0, maximum=MAX_TIMEOUT_S, unit="seconds"),
-        number_problem("poll_interval", params["poll_interval"], above=0, maximum=MAX_POLL_INTERVAL_S, unit="seconds"),
-        number_problem("call_timeout", params["call_timeout"], above=0, maximum=MAX_CALL_TIMEOUT_S, unit="seconds"),
-        number_problem("max_memory_used_mib", params["max_memory_used_mib"], minimum=0, unit="MiB"),
-    ]
+    problems = [range_problem("nvml_verify", option, params[option])
+                for option in ("timeout", "poll_interval", "call_timeout", "max_memory_used_mib")]
     if params["expected_count"] is not None:
-        problems.append(number_problem("expected_count", params["expected_count"], minimum=1))
+        problems.append(range_problem("nvml_verify", "expected_count", params["expected_count"]))
     if not params["checks"]:
         # With nothing to check every GPU passes, whatever it holds.
         problems.append("checks is empty, so any GPU would pass; name at least one of %s" % ", ".join(CHECKS))

@@ -43,23 +43,19 @@ description:
   - File names are returned as text. A byte that is not valid UTF-8 is written as the four characters C(\xNN)
     (backslash, C(x), two hexadecimal digits), as Python's C(backslashreplace) does, so a name of any bytes is
     reported; valid UTF-8 is returned as it is. This holds for every path in the results and in messages.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - O(python) must be CPython or PyPy 3.8 or later. The module itself runs on Python 3.9 or later.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Nothing is removed; RV(removed) lists what would be removed.
   diff_mode:
     support: full
     details:
       - The bytecode files that go, one per line with the reason; nothing is listed after.
-  platform:
-    platforms: posix
 options:
   paths:
     description:
@@ -301,7 +297,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 # Problems become warnings too, but a broken tree should not flood the play output.
@@ -309,7 +306,6 @@ MAX_WARNINGS = 20
 
 # probe_timeout: a day is far beyond any tree (20,000 files take about 0.5 s, and about 25 CPU
 # seconds compiled in full); above it, a number is a mistake rather than a wish to wait.
-MAX_PROBE_TIMEOUT = 86400
 
 # After the probe's process group is killed, how long its pipes may take to close. Only a
 # process that left the group (setsid) can hold them longer, and then the result is lost anyway.
@@ -343,8 +339,7 @@ def input_problems(params):
         problems.append('python %s does not exist' % python)
     elif not os.path.isfile(python) or not os.access(python, os.X_OK):
         problems.append('python %s is not an executable file' % python)
-    problems.append(number_problem('probe_timeout', params['probe_timeout'], above=0, maximum=MAX_PROBE_TIMEOUT,
-                                   unit='seconds'))
+    problems.append(range_problem('pycache_purge', 'probe_timeout', params['probe_timeout']))
     return [problem for problem in problems if problem]
 
 

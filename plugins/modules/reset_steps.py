@@ -24,26 +24,17 @@ description:
   - One task instead of four saves, for every host, three of what a task costs the controller beyond its module run
     (a worker process, the host's variables, the task's templates). The C(cleanslate.gpu.node_reset) role runs its
     steps with it; the four modules stay usable one by one.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Every step runs in check mode, and reports what it would do.
   diff_mode:
     support: full
     details: The diffs of the steps that return one, in the order they ran.
-  platform:
-    platforms: posix
 options:
   pycache_purge:
     description: The arguments of M(cleanslate.gpu.pycache_purge). Omitted, the step is not run.

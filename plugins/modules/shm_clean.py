@@ -32,15 +32,13 @@ description:
     process may use it under its other name.
   - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
     relative to a descriptor of the directory, opened one path component at a time.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Nothing is removed; RV(removed) lists what would be removed.
   diff_mode:
@@ -48,7 +46,6 @@ attributes:
     details:
       - The names in O(path) before and after the run.
   platform:
-    platforms: posix
     details:
       - Linux only; the in-use check reads C(/proc).
 options:
@@ -220,7 +217,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems, number_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import directory_device, users
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
@@ -245,7 +243,6 @@ DEFAULT_PATTERNS = [
 # unchanged up to torch 2.13): tensors shared with the file_system strategy and CUDA IPC ref counters.
 TORCH_NAME = re.compile(r'^torch_([0-9]{1,10})_')
 
-MAX_MIN_AGE = 315360000  # ten years in seconds: anything above is a mistake, not a policy
 
 # How many unreadable pids a reason names before it says "and N more".
 SHOWN_PIDS = 10
@@ -276,7 +273,7 @@ def input_problems(params):
             why = pattern_problem(pattern)
             if why:
                 problems.append('%s entry %r %s' % (option, pattern, why))
-    problems.append(number_problem('min_age', params['min_age'], minimum=0, maximum=MAX_MIN_AGE, unit='seconds'))
+    problems.append(range_problem('shm_clean', 'min_age', params['min_age']))
     return [p for p in problems if p]
 
 

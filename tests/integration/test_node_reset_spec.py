@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
 from tests import sim
 from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars
@@ -120,7 +121,7 @@ def _untouched(manifest):
     ({"node_reset_gpu_reset_grace_period": -1},
      "node_reset_gpu_reset_grace_period is -1: it must be a number of seconds from 0 to 3600."),
     ({"node_reset_nvml_verify_poll_interval": 0},
-     "node_reset_nvml_verify_poll_interval is 0: it must be a number of seconds above 0, at most 60."),
+     "node_reset_nvml_verify_poll_interval is 0: it must be a number of seconds above 0, at most 3600."),
     ({"node_reset_pve_vmid": 7, "node_reset_pve_host": "pve"},
      "node_reset_pve_vmid is 7: it must be 0 (no container) or a vmid from 100 to 999999999."),
     ({"node_reset_pve_host": "no-such-node", "node_reset_pve_vmid": 129},
@@ -138,11 +139,11 @@ def test_a_bad_variable_is_rejected_before_anything_runs(module_node, tmp_path, 
 
 @pytest.mark.parametrize("name, value, rule", [
     ("node_reset_gpu_reset_grace_period", "nan", "a number of seconds from 0 to 3600"),
-    ("node_reset_gpu_reset_kill_timeout", "inf", "a number of seconds above 0, at most 3600"),
-    ("node_reset_shm_clean_min_age", "-inf", "a number of seconds from 0 to 31536000 (a year)"),
+    ("node_reset_gpu_reset_kill_timeout", "inf", "a number of seconds from 0 to 3600"),
+    ("node_reset_shm_clean_min_age", "-inf", "a number of seconds from 0 to 315360000"),
     ("node_reset_nvml_verify_timeout", "1e300", "a number of seconds from 0 to 86400"),
-    ("node_reset_nvml_verify_max_memory_used_mib", "99999999999999999999", "a number of MiB from 0 to 1048576"),
-    ("node_reset_nvml_verify_expected_count", "100000", "a GPU count from 0 (no check) to 1024"),
+    ("node_reset_nvml_verify_max_memory_used_mib", "99999999999999999999", "a whole number of MiB from 0 to 1048576"),
+    ("node_reset_nvml_verify_expected_count", "100000", "a whole number of GPUs from 1 to 1024, or 0 (no check)"),
     ("node_reset_pve_connect_timeout", "0", "a number of seconds from 1 to 3600"),
 ])
 def test_a_number_typed_on_the_command_line_that_is_not_finite_or_too_large_is_refused_with_its_rule(
@@ -166,14 +167,14 @@ def test_two_bad_numbers_give_one_line_each(module_node, tmp_path):
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert row["problems"] == [
         'node_reset_gpu_reset_grace_period is "nan": it must be a number of seconds from 0 to 3600.',
-        'node_reset_nvml_verify_poll_interval is "-1": it must be a number of seconds above 0, at most 60.'], row
+        'node_reset_nvml_verify_poll_interval is "-1": it must be a number of seconds above 0, at most 3600.'], row
     _untouched(module_node)
 
 
 @pytest.mark.parametrize("bad, sentence", [
     ({"node_reset_nvml_verify_checks": []},
-     "node_reset_nvml_verify_checks is empty: give at least one of memory, processes, count, ecc, remapped_rows,"
-     " retired_pages (with none, any GPU would pass)."),
+     "node_reset_nvml_verify_checks is empty: give at least one of %s (with none, any GPU would pass)."
+     % ", ".join(nvml_verify.CHECKS)),
     # A superscript two is a digit to str.isdigit(), not an index; to_json shows it escaped.
     ({"node_reset_gpu_reset_gpus": ["0", "\u00b2", "-1"]},
      'node_reset_gpu_reset_gpus has "\\u00b2", "-1": a GPU is an index'),

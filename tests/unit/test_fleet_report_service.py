@@ -1,22 +1,24 @@
 """The fleet report of reset_and_serve, through the report's own code: each host's row keys as
-the inference_service role writes them (`__inference_service_report_row` in its vars, rendered
-by Ansible's templating), the node_reset results reset_and_serve.yml records for a host it does
+the inference_service role writes them (cleanslate.gpu.inference_service_report_row), the node_reset results reset_and_serve.yml records for a host it does
 not reset (healthy, or refused), and the columns reset_and_serve.yml passes to fleet_report.yml,
 then fleet_report's host_row, merge_rows and render_markdown, as the action runs them."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row, merge_rows, render_markdown
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_result import inference_service_report_row
 
 REPO = Path(__file__).resolve().parents[2]
 LOADER = DataLoader()
-ROLE_VARS = LOADER.load_from_file(str(REPO / "roles" / "inference_service" / "vars" / "main.yml"),
-                                  trusted_as_template=True)
 PLAYBOOK = LOADER.load_from_file(str(REPO / "playbooks" / "reset_and_serve.yml"), trusted_as_template=True)
+ANSIBLE = Path(sys.executable).with_name("ansible")
 
 
 def _task(name: str) -> dict:
@@ -39,14 +41,21 @@ def columns() -> list:
 
 def service_row(host: str, result: dict) -> dict:
     """inference_service_report_row for a host whose inference_service_result is `result`."""
-    variables = dict(ROLE_VARS, inventory_hostname=host, __inference_service_new_result=result)
-    return Templar(loader=LOADER, variables=variables).template(ROLE_VARS["__inference_service_report_row"])
+    return inference_service_report_row(dict(result, host=host))
 
 
 def recorded_result(task: str, host: str, **variables) -> dict:
-    """The node_reset_result that reset_and_serve.yml's set_fact `task` records for `host`."""
+    """The node_reset_result that reset_and_serve.yml's set_fact `task` records for `host`, templated
+    by Ansible itself: the template calls the collection's filter (cleanslate.gpu.node_reset_result),
+    which only Ansible's collection loader finds, as in a run."""
     fact = _task(task)["ansible.builtin.set_fact"]["node_reset_result"]
-    return Templar(loader=LOADER, variables=dict(variables, inventory_hostname=host)).template(fact)
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    given = dict(variables, ansible_python_interpreter=sys.executable, recorded=str(fact))
+    out = subprocess.run([str(ANSIBLE), "localhost", "-c", "local", "-i", "localhost,", "-m", "ansible.builtin.debug",
+                          "-a", "var=recorded", "-e", json.dumps(given)], cwd=REPO, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    # "localhost | SUCCESS => {JSON}"
+    return dict(json.loads(out.split("=>", 1)[1])["recorded"], host=host)
 
 
 def reset_result() -> dict:
@@ -120,3 +129,12 @@ def test_the_check_mode_row_is_ok_and_says_check():
     assert rows["node1"]["ok"] and rows["node1"]["problems"] == []
     assert "| node1 | ok | 2 | 264538 | 128.0 KiB | 0 | 2.1 | vllm 0.33.0 | - | - | - | check |" in lines
     assert "1 host, 0 not ok." in lines
+
+
+def test_a_refused_host_has_one_problem_per_refused_variable():
+    # The reason holds one line per refused variable; the report lists each apart.
+    result = recorded_result("Record that the host was refused before anything was touched", "node5",
+                             inference_service_result={"reason": "inference_service_port is 0: a.\n"
+                                                                 "inference_service_model is \"\": b.\n"})
+    assert result["problems"] == ["inference_service_port is 0: a.", 'inference_service_model is "": b.']
+    assert (result["status"], result["fails_host"]) == ("invalid", True)

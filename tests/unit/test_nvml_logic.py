@@ -216,13 +216,16 @@ def test_sink_keeps_what_came_before_close_only():
     ({"call_timeout": -1.0}, ["call_timeout must be more than 0 seconds, got -1.0"]),
     ({"max_memory_used_mib": -1}, ["max_memory_used_mib must be 0 or more MiB, got -1"]),
     ({"max_memory_used_mib": True}, ["max_memory_used_mib must be a number of MiB, got True"]),
-    ({"expected_count": 0}, ["expected_count must be 1 or more, got 0"]),
+    ({"expected_count": 0}, ["expected_count must be 1 or more GPUs, got 0"]),
+    # The upper bounds the node_reset role always had, now the module's own (module_utils/_ranges.py).
+    ({"expected_count": 1025}, ["expected_count must be 1024 or less GPUs, got 1025"]),
+    ({"max_memory_used_mib": 1048577}, ["max_memory_used_mib must be 1048576 or less MiB, got 1048577"]),
     ({"checks": []}, ["checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
                       " remapped_rows, retired_pages"]),
     ({"gpus": ["0", "x", ""]}, ["gpus entry 'x' is not %s" % _nvml.SELECTOR_FORMS,
                                 "gpus entry '' is not %s" % _nvml.SELECTOR_FORMS]),
     ({"timeout": -1.0, "expected_count": -2}, ["timeout must be 0 or more seconds, got -1.0",
-                                               "expected_count must be 1 or more, got -2"]),
+                                               "expected_count must be 1 or more GPUs, got -2"]),
     ({}, []),
     ({"timeout": 0.0, "max_memory_used_mib": 0, "gpus": ["0", UUIDS[1], "0000:18:00.0"]}, []),
 ])

@@ -1,4 +1,4 @@
-"""What an operator reads after a run (issue 17): each problem once, one per line, and counts,
+"""What an operator reads in the fleet report after a run (issue 17): each problem once, one per line, and counts,
 sizes and seconds that mean what they say."""
 from __future__ import annotations
 

@@ -1,0 +1,132 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The inference_service role's result, and its row keys in the fleet report, in Python.
+
+Both were Jinja: the result built in three set_fact tasks (served, failed while serving, refused
+before anything was touched), each with its own copy of the keys, and the row as some twenty
+templates in the role's vars. Here each outcome is one branch of one function, as node_reset's
+result is (plugins/filter/node_reset.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# The gate's statuses with which a host serves (`check`: check mode, where the gate does not run).
+SERVING = ("ready", "check")
+# Stages at which the role stopped before touching the host: reset_and_serve.yml records these as
+# node_reset's problem (`invalid`, `unreachable`), so the report row says them once.
+BEFORE_ANY_CHANGE = ("validate", "unreachable")
+
+
+def _mapping(value) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _changed(result) -> bool:
+    return bool(_mapping(result).get("changed"))
+
+
+def _summary(registered: Mapping, host, engine, unit, files_changed, warnings) -> dict:
+    """What every result of a run that got past the validation holds. The command line holds no secret."""
+    args = _mapping(registered.get("args"))
+    restarted = _changed(registered.get("restarted")) or _changed(registered.get("started"))
+    return {
+        "host": host, "engine": engine, "engine_version": args.get("engine_version") or "", "unit": unit,
+        "url": args.get("url") or "", "served_name": args.get("served_name") or "",
+        "speculative_method": _mapping(args.get("speculative")).get("method"),
+        "command_line": args.get("command_line") or "", "argv": list(args.get("argv") or []),
+        "changed": bool(files_changed) or restarted, "restarted": restarted,
+        "warnings": list(args.get("warnings") or []) + list(warnings or []),
+    }
+
+
+def _gate(gate: Mapping) -> dict:
+    """What the gate measured, whether it passed or not (`check` when it did not run)."""
+    speculation = _mapping(gate.get("speculation"))
+    main_pid = _mapping(gate.get("unit")).get("MainPID") or 0
+    try:
+        main_pid = int(main_pid)
+    except (TypeError, ValueError):
+        main_pid = 0
+    return {
+        "status": gate.get("status") or "check", "reason": gate.get("reason") or "",
+        "ready_s": gate.get("ready_s"), "gate_s": gate.get("gate_s"),
+        # The host's CLOCK_MONOTONIC when the health endpoint first answered (for readiness latency).
+        "ready_monotonic": gate.get("ready_monotonic"), "first_completion_ms": gate.get("first_completion_ms"),
+        "completion": gate.get("completion") or "", "acceptance_rate": speculation.get("acceptance_rate"),
+        "mean_acceptance_length": speculation.get("mean_acceptance_length"), "main_pid": main_pid,
+    }
+
+
+def _would(registered: Mapping) -> str:
+    """What a run in check mode would do to the server."""
+    if _changed(registered.get("restarted")):
+        return "would restart"
+    lines = _mapping(registered.get("unit_state")).get("stdout_lines") or ["not-found"]
+    if _changed(registered.get("started")) or lines[0] == "not-found":
+        return "would start"
+    return "would leave the server running"
+
+
+def inference_service_result(registered, host, engine="", unit="", files_changed=False, warnings=None,
+                             check_mode=False, failed_stage=None, failed_result=None):
+    """inference_service_result (see docs/inference_service.md) from what the role's tasks registered.
+
+    `registered` maps args (inference_args), gate (inference_ready), restarted, started (the
+    systemd_service tasks) and unit_state (`systemctl show`) to their results ({} for a task that
+    did not run). `failed_stage` names the task that failed (`validate` or `unreachable`: before
+    anything was touched), `failed_result` is its result."""
+    if not isinstance(registered, Mapping):
+        raise TypeError("inference_service_result expects a mapping of the registered results, got %s"
+                        % type(registered).__name__)
+    failed_result = _mapping(failed_result)
+    if failed_stage in BEFORE_ANY_CHANGE:
+        return {"host": host, "engine": engine, "unit": unit, "status": "failed", "ok": False, "stage": failed_stage,
+                "changed": False, "reason": str(failed_result.get("msg") or "validation failed")}
+    result = _summary(registered, host, engine, unit, files_changed, warnings)
+    result.update(_gate(_mapping(registered.get("gate"))))
+    if failed_stage is not None:
+        # The gate registers its result even when it fails: a degraded host keeps its measurements.
+        result.update(status="degraded" if failed_result.get("status") == "degraded" else "failed", ok=False,
+                      stage=str(failed_stage), reason=str(failed_result.get("msg") or "failed"),
+                      journal=list(failed_result.get("journal") or []))
+        return result
+    result["ok"] = True
+    if check_mode:
+        result["reason"] = "check mode: %s" % _would(registered)
+    return result
+
+
+def _shown(value, form):
+    return "-" if value is None else form % float(value)
+
+
+def inference_service_report_row(result):
+    """The host's keys in the fleet report (fleet_report_rows, merged into its row): the service
+    columns, ready to print, and the service's problem when it does not serve."""
+    if not isinstance(result, Mapping):
+        raise TypeError("inference_service_report_row expects inference_service_result, got %s" % type(result).__name__)
+    status = result.get("status")
+    serving = status in SERVING
+    problems = [] if serving or result.get("stage") in BEFORE_ANY_CHANGE else [
+        "service %s: %s" % (status, result.get("reason") or "no details")]
+    rate = result.get("acceptance_rate")
+    return {
+        "host": result.get("host"), "ok": serving, "problems": problems, "service": dict(result),
+        "service_engine": " ".join(str(part) for part in (result.get("engine"), result.get("engine_version")) if part),
+        "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
+        "service_first_completion_ms": _shown(result.get("first_completion_ms"), "%.0f"),
+        "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),
+        "service_status": status,
+    }
+
+
+class FilterModule:
+    """The inference_service role's result and report row."""
+
+    def filters(self):
+        return {"inference_service_result": inference_service_result,
+                "inference_service_report_row": inference_service_report_row}
