@@ -49,7 +49,7 @@ STEP_NAMES = ("nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", 
 # `invalid`, as is a refusal by pycache_purge when it runs first (_refused_first).
 HOST_CHECKS = ("pycache_check", "nvml_before")
 # The steps whose "the host did not answer" counts, in the order they run.
-REACHING = ("pve_reach", "deps", "nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
+REACHING = ("pve_reach", "deps", "pycache_check", "nvml_before", "unit", "pycache_purge", "gpu_reset", "shm_clean", "nvml_verify")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
 
