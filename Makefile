@@ -110,9 +110,10 @@ mutate: setup
 bench: setup
 	$(PY) -m bench
 
-# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz.
+# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from
+# the files git sees (tools/dist.py): a user's own inventory/*.yml (.gitignore) is never packed.
 dist: setup
-	ansible-galaxy collection build --force --output-path $(BUILD)/dist
+	$(PY) tools/dist.py . $(BUILD)/dist
 
 # The execution environment of execution-environment.yml, built here without a registry or Galaxy
 # (podman, a Debian base image made with mmdebstrap, local collection tarballs; tools/ee/build.py),
