@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+from prepare_ansible_test import install_bootstrap  # noqa: E402  pylint: disable=wrong-import-position
+
 BUILD = REPO / "build" / "controller"
 SCRIPT = Path(__file__).with_name("image.sh")
 # The newest patch release of each minor release, and what the controller needs beside it: the
@@ -105,6 +108,9 @@ def venv(core: str) -> Path:
     proc = subprocess.run(_entered(root, ["/bin/sh", "-c", script], "/"), env=_environment(inside), check=False)
     if proc.returncode:
         raise SystemExit(f"controller: installing {' '.join(packages)} in {inside} failed")
+    # ansible-test inside fetches get-pip from the internet: the project's offline stand-in instead.
+    site = next((root / inside.relative_to("/") / "lib").glob("python3*/site-packages"))
+    install_bootstrap(home=root / "root", ansible_test_dir=site / "ansible_test")
     stamp.write_text(" ".join(packages))
     print(f"controller: made {inside} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     return inside
