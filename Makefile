@@ -16,7 +16,7 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
-	dist ee versions versions-ci changelog-release
+	dist ee versions versions-ci changelog-release sim-node sim-node-clean
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -106,6 +106,17 @@ changelog-release: setup
 # (it runs the tests once per mutant). MUTATE_JOBS=N sets how many copies run at once.
 mutate: setup
 	$(PY) tools/mutate.py
+
+# A simulated crashed GPU node to aim the playbooks at (README: "Try it without a GPU"): built under
+# build/sim-node, its role variables in build/sim-node.json; `make sim-node-clean` kills and removes it.
+sim-node: setup
+	@$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null 2>&1 || true
+	@$(PY) -m tests.sim crash --root $(BUILD)/sim-node --lib-dir $(BUILD)/fake_nvml --vars $(BUILD)/sim-node.json >/dev/null
+	@echo "simulated node ready; its variables: -e @$(BUILD)/sim-node.json (with -i inventory/simulated.yml -l gpu_nodes)"
+
+sim-node-clean: setup
+	$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null
+	rm -f $(BUILD)/sim-node.json
 
 bench: setup
 	$(PY) -m bench

@@ -406,8 +406,17 @@ def users_of(fd, candidates):
     return result, unreadable
 
 
+def process_name(pid):
+    """/proc/PID/comm, readable where maps and fd are not (a container's root and its host's init)."""
+    try:
+        with open('/proc/%d/comm' % pid, 'rb') as handle:
+            return repr(handle.read().strip().decode('utf-8', 'replace'))[1:-1] or '?'
+    except (OSError, ValueError):
+        return '?'
+
+
 def shown_pids(pids):
-    shown = ', '.join(str(pid) for pid in pids[:SHOWN_PIDS])
+    shown = ', '.join('%d (%s)' % (pid, process_name(pid)) for pid in pids[:SHOWN_PIDS])
     if len(pids) > SHOWN_PIDS:
         shown += ' and %d more' % (len(pids) - SHOWN_PIDS)
     return shown
