@@ -10,6 +10,10 @@ LINK := .ansible/collections/ansible_collections/cleanslate/gpu
 # wheel that requirements-collections.txt names; the wheel stays cached in build/wheels.
 PROXMOX := .ansible/collections/ansible_collections/community/proxmox/MANIFEST.json
 PROXMOX_VERSION := 1.4.0
+# awx.awx, from the same wheel: the AWX configuration as code (awx/configure.yml) is syntax-checked
+# and linted here (AWX itself cannot run on these machines: docs/awx.md).
+AWX := .ansible/collections/ansible_collections/awx/awx/MANIFEST.json
+AWX_VERSION := 24.6.1
 # Ansible must never guess the interpreter here (pyenv shims can point at a Python that
 # does not exist): local runs use the venv's.
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
@@ -18,7 +22,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release sim-node sim-node-clean
 
-setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
+setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
 os-deps:
 	@tools/install_os_deps.sh
@@ -36,6 +40,11 @@ $(LINK):
 $(PROXMOX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)/.installed
 	$(PY) tools/install_bundled_collection.py requirements-collections.txt $(BUILD)/wheels .ansible/collections \
 		community.proxmox $(PROXMOX_VERSION)
+	touch $@
+
+$(AWX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)/.installed
+	$(PY) tools/install_bundled_collection.py requirements-collections.txt $(BUILD)/wheels .ansible/collections \
+		awx.awx $(AWX_VERSION)
 	touch $@
 
 $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(VENV)/.installed

@@ -18,7 +18,7 @@ GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 # Ansible's and pytest's working areas, wheels, the checkout's settings and pins.
 FORBIDDEN_TOP = {"tests", "bench", "tools", ".ci", ".venv", "venv", "build", "dist", "reports", ".ansible",
                  ".pytest_cache", ".whl", ".git", ".gitignore", ".ansible-lint", "ansible.cfg", "Makefile",
-                 "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context"}
+                 "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context", "awx"}
 FORBIDDEN_SUFFIXES = (".whl", ".tar.gz", ".pyc", ".retry")
 # Shipped: the code, the roles and playbooks, the metadata, the user docs, the licence, the changelog.
 REQUIRED_TREES = ("plugins", "roles", "playbooks", "meta", "docs", "LICENSES", "changelogs")
