@@ -53,8 +53,8 @@ CONTROLLER_TESTS = ["tests/integration/test_playbooks_local.py", "tests/integrat
                     "tests/integration/test_issue17_preflight.py"]
 RELEASE_TESTS = ["tests/release/test_installed_playbooks.py", "tests/release/test_ansible_doc.py",
                  "tests/release/test_tarball.py"]
-# One file per module run (mktemp), never one shared file: runs of parallel test workers
-# appended to one log interleaved their lines ('3.9.183.9.18').
+# One file per module run (mktemp), never one shared file: runs at once appending to one log
+# interleave their lines ('3.9.183.9.18'; tests/unit/test_versions_tool.py shows it).
 LOGGING_PYTHON = """#!/bin/sh
 # Records each module run, then runs it with Python %(version)s.
 %(python)s -c 'import sys; print(sys.version.split()[0])'  > "$(mktemp %(log)s/run-XXXXXXXX)"
@@ -118,6 +118,11 @@ def run_unit() -> list:
     return results
 
 
+def logged_versions(log: Path) -> list:
+    """The Python version of each module run that LOGGING_PYTHON recorded under `log`."""
+    return [run.read_text().strip() for run in sorted(log.iterdir())]
+
+
 def run_modules() -> list:
     try:
         python = interpreter(MODULE_PYTHON)
@@ -140,7 +145,7 @@ def run_modules() -> list:
     env = {"CLEANSLATE_MODULE_PYTHON": str(wrapper),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(module_path), os.environ.get("PYTHONPATH")]))}
     passed = pytest(Path(sys.executable), MODULE_TESTS, env=env, workers=2)
-    versions = [run.read_text().strip() for run in sorted(log.iterdir())]
+    versions = logged_versions(log)
     print(f"versions: {len(versions)} module runs, by Python {sorted(set(versions))}")
     ran_by_39 = bool(versions) and all(v.startswith(MODULE_PYTHON + ".") for v in versions)
     return [(f"gpu_reset and shm_clean functional tests, modules on Python {MODULE_PYTHON}", passed and ran_by_39)]
