@@ -150,14 +150,18 @@ ee: setup
 # The declared versions: unit tests on Python 3.11-3.13, gpu_reset's and shm_clean's functional
 # tests with the modules on Python 3.9, the release tests on ansible-core 2.17 and 2.18, each in a
 # scratch venv under build/venvs (tools/versions.py); sanity's compile and import tests on
-# Python 3.8-3.13. About 9 min from nothing: `make test` runs only versions-ci (below).
+# Python 3.8-3.13; ansible-core 2.20 and 2.21 on Debian 13's Python 3.13 (tools/controller): the
+# release tests, the playbooks on the simulated node, ansible-test sanity, ansible-lint.
+# `make test` runs only versions-ci (below).
 versions: setup
 	$(PY) tools/versions.py
 
 # The cheap part of `make versions`, in `make test` (about 4 min from nothing, 1.5 min with the
-# venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13.
+# venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13;
+# and on ansible-core 2.20 and 2.21 in the Debian 13 root file system (tools/controller, built once
+# into build/controller): ansible-doc of everything and the first run's guard (controllers-ci).
 versions-ci: setup
-	$(PY) tools/versions.py --present-only unit modules sanity
+	$(PY) tools/versions.py --present-only unit modules sanity controllers-ci
 
 # The wheels tests/gpu/run.sh installs on the GPU machine (no package index there).
 gpu-wheels:
