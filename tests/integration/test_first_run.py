@@ -64,6 +64,14 @@ def test_a_run_that_targets_no_gpu_node_fails_whatever_the_inventory_and_limit(t
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize("playbook", ["reset", "verify", "reset_and_serve"])
+def test_a_syntax_check_runs_nothing_and_needs_no_inventory(tmp_path, playbook):
+    """--syntax-check (ansible-lint's too) templates the first play's hosts but runs nothing."""
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, f"playbooks/{playbook}.yml", "--syntax-check"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_the_limit_is_applied_as_ansible_playbook_applies_it(tmp_path):
     """Exclusions and intersections: a limit that leaves no host of gpu_nodes fails, one that
     leaves one runs that host only."""
