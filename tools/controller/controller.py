@@ -32,10 +32,26 @@ from prepare_ansible_test import install_bootstrap  # noqa: E402  pylint: disabl
 
 BUILD = REPO / "build" / "controller"
 SCRIPT = Path(__file__).with_name("image.sh")
-# The newest patch release of each minor release, and what the controller needs beside it: the
-# project's controller requirements (requirements.txt) and the current ansible-lint.
+# The newest patch release of each minor release.
 CORES = {"2.20": "2.20.10", "2.21": "2.21.5"}
-CONTROLLER_PACKAGES = ["jmespath==1.1.0", "paramiko==5.1.0", "ansible-lint==26.10.1", "pytest==9.2.0"]
+# What the controller needs beside it, pinned as in requirements.txt and requirements-test.txt:
+# the project's controller requirements (psutil and nvidia-ml-py too: the simulated node's modules
+# run on the controller's Python, as `ansible_playbook_python`), the current ansible-lint.
+CONTROLLER_NEEDS = ("psutil", "nvidia-ml-py", "jmespath", "paramiko", "ansible-lint")
+
+
+def _pins() -> dict:
+    """{name: 'name==version'} of the project's requirements files."""
+    pins = {}
+    for name in ("requirements.txt", "requirements-test.txt"):
+        for line in (REPO / name).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if "==" in line:
+                pins[line.split("==", 1)[0].strip().lower()] = line
+    return pins
+
+
+CONTROLLER_PACKAGES = [_pins()[name] for name in CONTROLLER_NEEDS]
 # The host's paths a run sees at the same place inside the root file system.
 BINDS = ["/work", "/tmp", "/proc", "/sys", "/dev", str(Path.home() / ".pyenv")]
 # Programs the shim wraps (ansible-test is not: it runs from CORE's venv by `run`).
