@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -220,6 +221,12 @@ def test_the_processes_whose_files_cannot_be_read_are_named(tmp_path):
     odd.symlink_to("/bin/sleep")
     proc = subprocess.Popen([str(odd), "30"])
     try:
+        # The kernel names the process at its exec: wait for it (bounded), not for a guess.
+        for _ in range(500):
+            with open("/proc/%d/comm" % proc.pid, "rb") as handle:
+                if handle.read().startswith(b"gpu"):
+                    break
+            time.sleep(0.01)
         shown = shm_clean.shown_pids([os.getpid(), proc.pid, 2 ** 22 + 7])
     finally:
         proc.kill()
