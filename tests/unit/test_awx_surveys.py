@@ -77,8 +77,8 @@ def test_each_survey_variable_is_read_with_a_compatible_type(template, question)
     else:
         # A helper of the template's own extra variables (AWX templates them after the survey).
         extra = yaml.safe_dump(template.get("extra_vars") or {})
-        assert re.search(r"\b%s\b" % variable, extra), "%s is read by neither the roles, the playbook nor " \
-                                                      "the template's extra variables" % variable
+        unread = "%s is read by neither the roles, the playbook nor the template's extra variables" % variable
+        assert re.search(r"\b%s\b" % variable, extra), unread
         for name in template.get("extra_vars") or {}:
             assert name in ROLE_OPTIONS, name
     if kind in ("text", "textarea", "password") and "max" in question:

@@ -222,7 +222,7 @@ def test_the_processes_whose_files_cannot_be_read_are_named(tmp_path):
     proc = subprocess.Popen([str(odd), "30"])
     try:
         # The kernel names the process at its exec: wait for it (bounded), not for a guess.
-        for _ in range(500):
+        for _attempt in range(500):
             with open("/proc/%d/comm" % proc.pid, "rb") as handle:
                 if handle.read().startswith(b"gpu"):
                     break

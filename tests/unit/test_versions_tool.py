@@ -16,6 +16,6 @@ def test_every_module_run_is_recorded_with_its_version_when_runs_overlap(tmp_pat
     wrapper = tmp_path / "python-logged"
     wrapper.write_text(LOGGING_PYTHON % {"version": "X.Y", "python": sys.executable, "log": log})
     wrapper.chmod(0o755)
-    runs = [subprocess.Popen([str(wrapper), "-c", "pass"]) for _ in range(60)]
+    runs = [subprocess.Popen([str(wrapper), "-c", "pass"]) for _run in range(60)]
     assert all(run.wait(timeout=120) == 0 for run in runs)
     assert logged_versions(log) == [platform.python_version()] * 60
