@@ -10,8 +10,8 @@ need >= 3.12; Debian 12 has 3.11), each in a venv inside a Debian 13 root file s
 
 The root file system (image.sh, mmdebstrap) is cached under build/controller/, keyed on image.sh's
 hash; each release's venv inside it is made once (a stamp names what it holds). A run enters the
-root file system in a mount namespace of its own (unshare), with this machine's /work, /tmp,
-/proc, /dev, /sys and pyenv's interpreters bind-mounted at the same paths: every path a test hands
+root file system in a mount namespace of its own (unshare), with this checkout (wherever it lives),
+/tmp, /proc, /dev, /sys and this Python's venv and interpreter bind-mounted at the same paths: every path a test hands
 the controller means the same there, and the network is this machine's, so the controller reaches
 the test fleet's hosts as the tests do. Nothing of it outlives the run.
 """
@@ -52,8 +52,22 @@ def _pins() -> dict:
 
 
 CONTROLLER_PACKAGES = [_pins()[name] for name in CONTROLLER_NEEDS]
-# The host's paths a run sees at the same place inside the root file system.
-BINDS = ["/work", "/tmp", "/proc", "/sys", "/dev", str(Path.home() / ".pyenv")]
+# The host's paths a run sees at the same place inside the root file system (and _binds()'s).
+SYSTEM_BINDS = ["/tmp", "/proc", "/sys", "/dev"]
+
+
+def _binds() -> list:
+    """SYSTEM_BINDS, the checkout wherever it lives, this Python's venv and base interpreter (the
+    shim's python and a local connection's modules run them inside), and where build/fake_nvml
+    really is: each once, a path inside another left out."""
+    wanted = [Path(path) for path in SYSTEM_BINDS] + [
+        REPO, Path(sys.prefix, "lib").resolve().parent, Path(sys.base_prefix).resolve(),
+        (REPO / "build" / "fake_nvml").resolve()]
+    binds = []
+    for path in sorted({path for path in wanted if path.is_dir()}, key=lambda path: len(path.parts)):
+        if not any(path == bound or bound in path.parents for bound in binds):
+            binds.append(path)
+    return [str(path) for path in binds]
 # Programs the shim wraps (ansible-test is not: it runs from CORE's venv by `run`).
 PROGRAMS = ["ansible", "ansible-playbook", "ansible-doc", "ansible-galaxy", "ansible-inventory", "ansible-config",
             "ansible-lint"]
@@ -86,7 +100,7 @@ def rootfs() -> Path:
 def _entered(root: Path, argv: list, cwd: str, env: dict | None = None) -> list:
     """argv run inside root, in a private mount namespace, from cwd (a path on both sides)."""
     mounts = []
-    for path in BINDS:
+    for path in _binds():
         if os.path.isdir(path):
             mounts.append(f"mkdir -p {shlex.quote(str(root) + path)} && mount --rbind {shlex.quote(path)} "
                           f"{shlex.quote(str(root) + path)}")
