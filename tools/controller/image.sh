@@ -5,9 +5,10 @@
 # tools/controller/controller.py caches the result under build/controller/, keyed on this file's
 # hash, and installs each ansible-core release into a venv of its own inside it. Made as the
 # fleet's image is (tests/integration/fleet/image.sh): mmdebstrap, Debian's default mirror.
+# openssh-client reaches the test fleet; git and shellcheck are what ansible-test sanity uses.
 set -eu
 out=$1
 exec mmdebstrap \
     --variant=minbase \
-    --include=python3,python3-venv,openssh-client,ca-certificates,git,sshpass \
+    --include=python3,python3-venv,openssh-client,ca-certificates,git,shellcheck \
     trixie "$out"
