@@ -119,7 +119,8 @@ def test_a_host_that_does_not_answer_is_contacted_once(tmp_path, playbook):
     assert len(log.read_text().splitlines()) == 1, log.read_text()
     report = json.loads(next((tmp_path / "reports").glob(f"{playbook}-*.json")).read_text())["hosts"][0]
     assert report["status"] == "unreachable" and report["failed_step"] == "unreachable", report
-    assert "Connection timed out" in report["problems"][0]
+    # (What the connection said depends on whether Ansible had begun to write to ssh's stdin.)
+    assert report["problems"][0].startswith("unreachable: ") and "gpu-a01" in report["problems"][0], report
     # The task's own result names no step as failed: the host did not answer.
     assert '"failed_step": "pycache_purge"' not in proc.stdout and '"failed_step": "gpu_reset"' not in proc.stdout
 
