@@ -10,15 +10,19 @@ LINK := .ansible/collections/ansible_collections/cleanslate/gpu
 # wheel that requirements-collections.txt names; the wheel stays cached in build/wheels.
 PROXMOX := .ansible/collections/ansible_collections/community/proxmox/MANIFEST.json
 PROXMOX_VERSION := 1.4.0
+# awx.awx, from the same wheel: the AWX configuration as code (awx/configure.yml) is syntax-checked
+# and linted here (AWX itself cannot run on these machines: docs/awx.md).
+AWX := .ansible/collections/ansible_collections/awx/awx/MANIFEST.json
+AWX_VERSION := 24.6.1
 # Ansible must never guess the interpreter here (pyenv shims can point at a Python that
 # does not exist): local runs use the venv's.
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
-	dist ee versions versions-ci changelog-release engine-venvs flag-data
+	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean
 
-setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
+setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
 os-deps:
 	@tools/install_os_deps.sh
@@ -36,6 +40,11 @@ $(LINK):
 $(PROXMOX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)/.installed
 	$(PY) tools/install_bundled_collection.py requirements-collections.txt $(BUILD)/wheels .ansible/collections \
 		community.proxmox $(PROXMOX_VERSION)
+	touch $@
+
+$(AWX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)/.installed
+	$(PY) tools/install_bundled_collection.py requirements-collections.txt $(BUILD)/wheels .ansible/collections \
+		awx.awx $(AWX_VERSION)
 	touch $@
 
 $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(VENV)/.installed
@@ -107,12 +116,24 @@ changelog-release: setup
 mutate: setup
 	$(PY) tools/mutate.py
 
+# A simulated crashed GPU node to aim the playbooks at (README: "Try it without a GPU"): built under
+# build/sim-node, its role variables in build/sim-node.json; `make sim-node-clean` kills and removes it.
+sim-node: setup
+	@$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null 2>&1 || true
+	@$(PY) -m tests.sim crash --root $(BUILD)/sim-node --lib-dir $(BUILD)/fake_nvml --vars $(BUILD)/sim-node.json >/dev/null
+	@echo "simulated node ready; its variables: -e @$(BUILD)/sim-node.json (with -i inventory/simulated.yml -l gpu_nodes)"
+
+sim-node-clean: setup
+	$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null
+	rm -f $(BUILD)/sim-node.json
+
 bench: setup
 	$(PY) -m bench
 
-# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz.
+# The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from
+# the files git sees (tools/dist.py): a user's own inventory/*.yml (.gitignore) is never packed.
 dist: setup
-	ansible-galaxy collection build --force --output-path $(BUILD)/dist
+	$(PY) tools/dist.py . $(BUILD)/dist
 
 # The execution environment of execution-environment.yml, built here without a registry or Galaxy
 # (podman, a Debian base image made with mmdebstrap, local collection tarballs; tools/ee/build.py),
@@ -129,14 +150,19 @@ ee: setup
 # The declared versions: unit tests on Python 3.11-3.13, gpu_reset's and shm_clean's functional
 # tests with the modules on Python 3.9, the release tests on ansible-core 2.17 and 2.18, each in a
 # scratch venv under build/venvs (tools/versions.py); sanity's compile and import tests on
-# Python 3.8-3.13. About 9 min from nothing: `make test` runs only versions-ci (below).
+# Python 3.8-3.13; ansible-core 2.20 and 2.21 on Debian 13's Python 3.13 (tools/controller): the
+# release tests, the playbooks on the simulated node, ansible-test sanity, ansible-lint.
+# `make test` runs only versions-ci (below).
 versions: setup
 	$(PY) tools/versions.py
 
 # The cheap part of `make versions`, in `make test` (about 4 min from nothing, 1.5 min with the
-# venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13.
+# venvs made): unit tests on 3.11-3.13, the modules on 3.9, sanity's compile and import on 3.8-3.13;
+# and on ansible-core 2.20 and 2.21 in the Debian 13 root file system (tools/controller, built once
+# into build/controller): ansible-doc of everything and the first run's guard (controllers-ci:
+# 3.6 min from nothing on 2 cores, the root file system 85 s and the venvs 36 s of it; 1.6 min cached).
 versions-ci: setup
-	$(PY) tools/versions.py --present-only unit modules sanity
+	$(PY) tools/versions.py --present-only unit modules sanity controllers-ci
 
 # The real engines under build/engines (about 7 GB, not in CI), then their parser records and
 # the role's flag data from them (tools/gen_flag_data.py); tools/compare_engines.py runs the

@@ -2,11 +2,13 @@
 # Install the Debian packages the demo and the tests need, only those missing.
 # gcc/libc6-dev build the fake libnvidia-ml; python3-venv makes the virtual environment;
 # psmisc gives fuser (the benchmarks' baseline); mmdebstrap, systemd-container, iproute2,
-# openssh-client and zstd build and reach the fleet of test hosts; prometheus gives promtool (the
-# alert rules' tests) and the Prometheus server that evaluates them against the fleet.
+# openssh-client and zstd build and reach the fleet of test hosts (mmdebstrap also the Debian 13
+# root file system of the newer controllers, tools/controller); shellcheck is ansible-test
+# sanity's test of the shell scripts (skipped without it); prometheus gives promtool (the alert
+# rules' tests) and the Prometheus server that evaluates them against the fleet.
 set -euo pipefail
 packages=(python3 python3-venv gcc libc6-dev make git psmisc procps iproute2 openssh-client
-          mmdebstrap systemd-container zstd prometheus)
+          mmdebstrap systemd-container zstd shellcheck prometheus)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -20,17 +20,19 @@ from checkout_copy import copy_checkout
 REPO = Path(__file__).resolve().parent.parent
 
 
-def pinned_pip_version() -> str:
-    source = Path(ansible_test.__file__).parent / "_internal" / "python_requirements.py"
+def pinned_pip_version(ansible_test_dir: Path | None = None) -> str:
+    """The pip version the ansible-test in ansible_test_dir (this venv's by default) pins."""
+    source = Path(ansible_test_dir or Path(ansible_test.__file__).parent) / "_internal" / "python_requirements.py"
     match = re.search(r"default_packages = dict\(\s*pip='([0-9.]+)'", source.read_text())
     if not match:
         sys.exit("prepare_ansible_test: cannot find the pip version ansible-test pins in " + str(source))
     return match.group(1)
 
 
-def install_bootstrap() -> Path:
-    version = pinned_pip_version()
-    target = Path.home() / ".ansible" / "test" / "cache" / ("get_pip_%s.py" % version.replace(".", "_"))
+def install_bootstrap(home: Path | None = None, ansible_test_dir: Path | None = None) -> Path:
+    """The stand-in get-pip under home's (~ by default) cache, for the pip ansible_test_dir pins."""
+    version = pinned_pip_version(ansible_test_dir)
+    target = Path(home or Path.home()) / ".ansible" / "test" / "cache" / ("get_pip_%s.py" % version.replace(".", "_"))
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(REPO / "tools" / "offline_get_pip.py", target)
     return target

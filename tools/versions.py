@@ -13,9 +13,13 @@ environment under build/venvs (packages from PyPI, the versions pinned here and 
            a pythonX.Y link to each interpreter, first on PATH.
   cores    the installed tarball's playbooks by FQCN, ansible-doc and the tarball's contents
            (tests/release) under the lowest and every other ansible-core release that
-           meta/runtime.yml's requires_ansible admits: 2.17, 2.18 (2.19 is the project's venv).
+           meta/runtime.yml's requires_ansible admits on this machine's Pythons: 2.17, 2.18
+           (2.19 is the project's venv).
+  controllers  2.20 and 2.21, which need Python >= 3.12: each in a venv inside a Debian 13 root
+           file system (tools/controller): the release tests, the playbooks on the simulated node
+           and the first run's guard, ansible-test sanity (all tests) and ansible-lint.
 
-Usage: python tools/versions.py [--present-only] [unit] [modules] [sanity] [cores]   (all by default)
+Usage: python tools/versions.py [--present-only] [unit] [modules] [sanity] [cores] [controllers]   (all by default)
 Prints one line per run with its time; exits non-zero when a run failed or an interpreter is missing.
 With --present-only (what `make test` uses: a CI machine may lack pyenv's interpreters), a missing
 interpreter is a line saying so and its runs are skipped.
@@ -44,11 +48,20 @@ CORES = (("2.17.14", "3.12"), ("2.18.19", "3.13"))
 MODULE_TESTS = ["tests/functional/test_gpu_reset.py", "tests/functional/test_gpu_reset_evidence.py",
                 "tests/functional/test_gpu_reset_inputs.py", "tests/functional/test_gpu_reset_signals.py",
                 "tests/functional/test_shm_clean.py"]
+# The playbooks on the simulated node and the first run's guard, on the controllers of run_controllers.
+CONTROLLER_TESTS = ["tests/integration/test_playbooks_local.py", "tests/integration/test_first_run.py",
+                    "tests/integration/test_issue17_preflight.py"]
+# What `make test` runs on 2.20 and 2.21 (versions-ci): ansible-doc of every plugin and role and
+# the playbooks' syntax, and every case of the first run's guard with real ansible-playbook runs.
+CONTROLLER_CI_TESTS = ["tests/release/test_ansible_doc.py", "tests/integration/test_first_run.py::"
+                       "test_a_run_that_targets_no_gpu_node_fails_whatever_the_inventory_and_limit"]
 RELEASE_TESTS = ["tests/release/test_installed_playbooks.py", "tests/release/test_ansible_doc.py",
                  "tests/release/test_tarball.py"]
+# One file per module run (mktemp), never one shared file: runs at once appending to one log
+# interleave their lines ('3.9.183.9.18'; tests/unit/test_versions_tool.py shows it).
 LOGGING_PYTHON = """#!/bin/sh
 # Records each module run, then runs it with Python %(version)s.
-%(python)s -c 'import sys; print(sys.version.split()[0])' >> %(log)s
+%(python)s -c 'import sys; print(sys.version.split()[0])'  > "$(mktemp %(log)s/run-XXXXXXXX)"
 exec %(python)s "$@"
 """
 
@@ -109,6 +122,11 @@ def run_unit() -> list:
     return results
 
 
+def logged_versions(log: Path) -> list:
+    """The Python version of each module run that LOGGING_PYTHON recorded under `log`."""
+    return [run.read_text().strip() for run in sorted(log.iterdir())]
+
+
 def run_modules() -> list:
     try:
         python = interpreter(MODULE_PYTHON)
@@ -122,15 +140,16 @@ def run_modules() -> list:
     if not link.exists():
         import ansible  # pylint: disable=import-outside-toplevel
         link.symlink_to(Path(ansible.__file__).parent)
-    log = path / "module-runs.log"
-    log.write_text("")
+    log = path / "module-runs"
+    shutil.rmtree(log, ignore_errors=True)
+    log.mkdir()
     wrapper = path / "bin" / "python-logged"
     wrapper.write_text(LOGGING_PYTHON % {"version": MODULE_PYTHON, "python": path / "bin" / "python", "log": log})
     wrapper.chmod(0o755)
     env = {"CLEANSLATE_MODULE_PYTHON": str(wrapper),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(module_path), os.environ.get("PYTHONPATH")]))}
     passed = pytest(Path(sys.executable), MODULE_TESTS, env=env, workers=2)
-    versions = log.read_text().split()
+    versions = logged_versions(log)
     print(f"versions: {len(versions)} module runs, by Python {sorted(set(versions))}")
     ran_by_39 = bool(versions) and all(v.startswith(MODULE_PYTHON + ".") for v in versions)
     return [(f"gpu_reset and shm_clean functional tests, modules on Python {MODULE_PYTHON}", passed and ran_by_39)]
@@ -174,8 +193,39 @@ def run_cores() -> list:
     return results
 
 
+def run_controllers(ci: bool = False) -> list:
+    """ansible-core 2.20 and 2.21 (Python >= 3.12) as the controller, each in its venv inside the
+    Debian 13 root file system of tools/controller: the release tests and the playbooks on the
+    simulated node (the tests run here and call the controller's programs through a shim), then
+    ansible-test sanity (every test, Python 3.13) and ansible-lint's production profile there.
+    With `ci` (controllers-ci, in `make test`): ansible-doc of everything, the first run's guard
+    and the playbooks' syntax, no more."""
+    sys.path.insert(0, str(REPO / "tools" / "controller"))
+    import controller  # pylint: disable=import-outside-toplevel
+    results = []
+    copy = None if ci else subprocess.run([sys.executable, str(REPO / "tools" / "prepare_ansible_test.py"),
+                                           str(REPO / "build" / "ansible-test")], check=True, capture_output=True,
+                                          text=True).stdout.strip()
+    for core, release in controller.CORES.items():
+        python = controller.shim(core, REPO / "build" / "controller" / f"shim-{core}")
+        tests = CONTROLLER_CI_TESTS if ci else RELEASE_TESTS + CONTROLLER_TESTS
+        what = "ansible-doc and first-run tests" if ci else "release and playbook tests"
+        results.append((f"{what}, ansible-core {release} on Debian 13's Python", pytest(python, tests)))
+        if ci:
+            continue
+        shutil.rmtree(Path(copy) / "tests" / "output", ignore_errors=True)
+        sanity = subprocess.run([sys.executable, str(REPO / "tools" / "controller" / "controller.py"), "run", core,
+                                 "ansible-test", "sanity", "--venv", "--python", "3.13", "--color", "no"],
+                                cwd=copy, check=False)
+        results.append((f"ansible-test sanity, ansible-core {release}", sanity.returncode == 0))
+        lint = subprocess.run([str(python.parent / "ansible-lint"), "--profile", "production"], cwd=REPO, check=False)
+        results.append((f"ansible-lint --profile production, ansible-core {release}", lint.returncode == 0))
+    return results
+
+
 def main(argv) -> int:
-    runs = {"unit": run_unit, "modules": run_modules, "sanity": run_sanity, "cores": run_cores}
+    runs = {"unit": run_unit, "modules": run_modules, "sanity": run_sanity, "cores": run_cores,
+            "controllers": run_controllers, "controllers-ci": lambda: run_controllers(ci=True)}
     if "--present-only" in argv:
         PRESENT_ONLY.append(True)
         argv = [arg for arg in argv if arg != "--present-only"]

@@ -15,12 +15,13 @@ checked here, in Python, once: a task per host would cost the controller a worke
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import no_target_message, targeted
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import shown as _shown
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_specs
 
@@ -43,12 +44,6 @@ def known_variables() -> list:
     return sorted(names)
 
 
-def _shown(name) -> str:
-    """A name as one line, whatever it holds: repr, without the quotes of a plain one."""
-    text = repr(name)
-    return text[1:-1] if re.match(r"[A-Za-z0-9_]+\Z", str(name)) else text
-
-
 def unknown_variables(names, known) -> list:
     """One sentence per name with a role's prefix that no role knows, with the nearest known name.
 
@@ -68,12 +63,6 @@ def unknown_variables(names, known) -> list:
     return sentences
 
 
-def targeted(group_hosts, play_hosts) -> list:
-    """The hosts of the group that this run targets, in the group's order."""
-    play = set(play_hosts or [])
-    return [host for host in group_hosts or [] if host in play]
-
-
 class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
@@ -82,13 +71,8 @@ class ActionModule(ControllerAction):
         groups = task_vars.get("groups") or {}
         hosts = targeted(groups.get(group), task_vars.get("ansible_play_hosts_all"))
         if not hosts:
-            limit = task_vars.get("ansible_limit")
-            sources = ", ".join(map(str, task_vars.get("ansible_inventory_sources") or [])) or "none"
-            raise AnsibleActionFail(
-                "no host of the group %s matches %s (inventory: %s): nothing would be reset or checked, so the"
-                " run fails rather than succeed without doing anything." % (
-                    _shown(group), "the limit %s" % _shown(limit) if limit else "this inventory"
-                    if group in groups else "this inventory, which has no such group", sources))
+            raise AnsibleActionFail(no_target_message(group, task_vars.get("ansible_limit"), groups,
+                                                      task_vars.get("ansible_inventory_sources")))
         # The variables as the first targeted host sees them: extra vars, play vars, its group
         # and host vars. One host's view: reading every host's would cost the controller per host.
         hostvars = task_vars.get("hostvars") or {}

@@ -50,8 +50,10 @@ class ActionModule(ActionBase):
                 answer = self._execute_module(module_name="cleanslate.gpu.%s" % name,
                                               module_args=dict(args[name]), task_vars=task_vars)
             except AnsibleConnectionFailure as exc:
+                # No step failed: the host did not answer. `steps` names the step that found it so;
+                # failed_step says what the fleet report says (a step's name read as its failure).
                 steps[name] = {"unreachable": True, "msg": str(exc)}
-                result.update(unreachable=True, msg=str(exc), failed_step=name)
+                result.update(unreachable=True, msg=str(exc), failed_step="unreachable")
                 return result
             steps[name] = answer
             result["changed"] = result["changed"] or bool(answer.get("changed"))

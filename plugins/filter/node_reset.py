@@ -52,6 +52,8 @@ MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 # The checks on the host before anything is stopped (the role's prepare.yml): a refusal there is
 # `invalid`, as is a refusal by pycache_purge when it runs first (_refused_first).
 HOST_CHECKS = ("pycache_check", "nvml_before")
+# pycache_purge's words for a module its interpreter cannot import (module_utils/_pyc_probe.py).
+MODULE_NOT_FOUND = re.compile(r"module '[^']*' not found")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
 
@@ -214,6 +216,16 @@ def _refused_first(failed_step, steps) -> bool:
     return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
 
 
+def _refusal(failed_step, failed_result) -> str:
+    """The host's refusal, with the fix when a module of node_reset_pycache_purge_modules is not
+    found: the usual cause is a server in a venv of its own, which the modules' interpreter does not see."""
+    msg = str(failed_result.get("msg") or "refused by the host")
+    if failed_step in ("pycache_check", "pycache_purge") and MODULE_NOT_FOUND.match(msg):
+        msg += (" (node_reset_pycache_purge_modules: when the server lives in a venv of its own, set"
+                " node_reset_pycache_purge_python to that venv's python, e.g. /opt/vllm/.venv/bin/python)")
+    return msg
+
+
 def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
     if failed_step == "validate":
         return "invalid"
@@ -262,9 +274,9 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     # (ansible-core 2.19 adds `exception` to every failure; only a module that did not run has module_stderr.)
     if (failed_step in HOST_CHECKS or _refused_first(failed_step, steps)) \
             and "module_stderr" not in failed_result and failed_result.get("_ansible_parsed", True):
-        invalid, failed_step = list(invalid or []) + [str(failed_result.get("msg") or "refused by the host")], "validate"
-    # The sweep from the Proxmox node runs with its failure ignored (recorded, not raised, as the
-    # container's own steps are done): a failed sweep is the failed step.
+        invalid, failed_step = list(invalid or []) + [_refusal(failed_step, failed_result)], "validate"
+    # The sweep from the Proxmox node runs with its failure ignored (a failure there, in the role's
+    # rescue, would end the host without its result): a failed sweep is the failed step.
     if not failed_step and _step(steps, "pve_sweep").get("failed"):
         failed_step, failed_result = "pve_sweep", _step(steps, "pve_sweep")
     if invalid and not failed_step:

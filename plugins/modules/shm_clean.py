@@ -419,8 +419,19 @@ def users_of(fd, candidates):
     return result, unreadable
 
 
+def process_name(pid):
+    """/proc/PID/comm, readable where maps and fd are not (a container's root and its host's init)."""
+    try:
+        with open('/proc/%d/comm' % pid, 'rb') as handle:
+            name = printable(handle.read().rstrip(b'\n'))
+    except (OSError, ValueError):
+        return '?'
+    # One line: control characters as escapes, non-UTF-8 bytes as \xNN (printable).
+    return ''.join(char if char.isprintable() else repr(char)[1:-1] for char in name) or '?'
+
+
 def shown_pids(pids):
-    shown = ', '.join(str(pid) for pid in pids[:SHOWN_PIDS])
+    shown = ', '.join('%d (%s)' % (pid, process_name(pid)) for pid in pids[:SHOWN_PIDS])
     if len(pids) > SHOWN_PIDS:
         shown += ' and %d more' % (len(pids) - SHOWN_PIDS)
     return shown
@@ -456,10 +467,6 @@ def clean(module, fd, base):
     # As root, reading is refused only by a security policy or to a process holding capabilities that
     # this root lacks (a container's root reading its host's init): said, not blocking.
     blocking = unreadable if os.geteuid() != 0 else []
-    if unreadable and not blocking:
-        module.warn('the open files and mappings of %d process%s could not be read even as root (pids %s); '
-                    'segments only they use look unused' % (
-                        len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable)))
     for name, full, st in candidates:
         if not params['remove_in_use']:
             if name in used:
@@ -480,6 +487,15 @@ def clean(module, fd, base):
                 skipped.append({'path': full, 'why': why})
                 continue
         removed.append({'path': full, 'bytes': freed_bytes(st), 'size': st.st_size, 'mtime': st.st_mtime})
+    if unreadable and not blocking:
+        # What was at stake: the entries removed (or, in check mode, that would be) are the only
+        # ones such a process could have been using unseen.
+        module.warn('the open files and mappings of %d process%s could not be read even as root (pids %s); '
+                    'a segment only they use looks unused: %s' % (
+                        len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable),
+                        'nothing was removed' if not removed else '%d entr%s %s removed, listed in `removed`' % (
+                            len(removed), 'y' if len(removed) == 1 else 'ies',
+                            'would be' if module.check_mode else 'was' if len(removed) == 1 else 'were')))
     if unproven:
         module.warn('%d entr%s kept because %s' % (unproven, 'y' if unproven == 1 else 'ies', unproven_reason(unreadable)[4:]))
     for item in removed + in_use + skipped + errors:

@@ -64,7 +64,7 @@ BEFORE = ("nvml_before", "unit")
 AFTER = ("pve_sweep",)
 RESULT_STEPS = BEFORE + MODULES + AFTER
 # The steps whose "the host did not answer" counts, in the order they run (node_reset_result).
-REACHING = ("pve_reach", "deps") + BEFORE + MODULES
+REACHING = ("pve_reach", "deps", "pycache_check") + BEFORE + MODULES
 
 # The node's sweep of a Proxmox container runs gpu_reset there, scoped to the container's cgroup:
 # the container's own selection of GPUs and users means nothing on the node.

@@ -22,7 +22,8 @@ fi
 mkdir -p .ansible/collections/ansible_collections/cleanslate
 ln -sfn ../../../.. .ansible/collections/ansible_collections/cleanslate/gpu
 export LC_ALL=C.UTF-8 LANG=C.UTF-8
-export PYTHONUNBUFFERED=1 ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
+ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
+export PYTHONUNBUFFERED=1 ANSIBLE_PYTHON_INTERPRETER
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.csv"
 python3 tests/gpu/probe_driver.py | tee "$out/probe.txt"
 rc=0

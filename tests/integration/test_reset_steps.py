@@ -177,6 +177,7 @@ def test_a_host_that_does_not_answer_is_unreachable_after_its_first_step(tmp_pat
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert out.exists(), proc.stdout[-3000:]
     result = json.loads(out.read_text())
-    assert result["unreachable"] is True and result["failed_step"] == "shm_clean", result
+    # The step that found it gone is in `steps`; failed_step names no step that did not fail (issue 29).
+    assert result["unreachable"] is True and result["failed_step"] == "unreachable", result
     assert list(result["steps"]) == ["shm_clean"] and result["steps"]["shm_clean"]["unreachable"] is True
     assert "fatal: [dead]: UNREACHABLE!" in proc.stdout, proc.stdout[-2000:]

@@ -74,6 +74,17 @@ def test_every_plugin_renders_from_the_installed_tarball_with_every_option_and_r
             assert "%s (%s/plugins/" % (name, root) in text.stdout, name  # the header names the installed file
 
 
+# ansible-core 2.20 and 2.21 warn, on every `ansible-doc -t role`, that their own internal collection
+# (ansible._protomatter, inside the ansible package) has no MANIFEST.json: about core, not about us.
+CORE_INTERNAL = re.compile(r"^\[WARNING\]: Collection at '[^']*/ansible/_internal/ansible_collections/ansible/_protomatter'"
+                           r" does not have a MANIFEST\.json file.*$", re.M)
+
+
+def _own(stderr: str) -> str:
+    """What ansible-doc printed on stderr about anything but ansible-core's internal collection."""
+    return CORE_INTERNAL.sub("", stderr).strip()
+
+
 def test_every_role_entry_point_renders_with_every_option_described(installed):
     _collections, root, workdir, env = installed
     listed = _listed(env, workdir, "role")
@@ -81,7 +92,7 @@ def test_every_role_entry_point_renders_with_every_option_described(installed):
     assert set(listed) == roles and roles, listed
     for role in sorted(roles):
         proc = ansible_doc(env, workdir, "-t", "role", "--json", role)
-        assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+        assert proc.returncode == 0 and not _own(proc.stderr), proc.stderr
         doc = json.loads(proc.stdout)[role]
         assert doc["path"] == str(root), doc["path"]
         assert doc["entry_points"], role
@@ -89,7 +100,7 @@ def test_every_role_entry_point_renders_with_every_option_described(installed):
             assert spec.get("short_description") and spec.get("description"), (role, entry)
             assert not _undescribed(spec.get("options"), "options"), (role, entry, _undescribed(spec["options"], "options"))
         text = ansible_doc(env, workdir, "-t", "role", role)
-        assert text.returncode == 0 and not text.stderr.strip(), text.stderr
+        assert text.returncode == 0 and not _own(text.stderr), text.stderr
         for entry in doc["entry_points"]:
             # (without colour ansible-doc marks the name as *main*)
             assert re.search(r"ENTRY POINT: \W*%s\W* - \w" % re.escape(entry), text.stdout), (role, entry)

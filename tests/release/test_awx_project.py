@@ -2,9 +2,13 @@
 collections/requirements.yml names this release and the execution environment's collections."""
 from __future__ import annotations
 
+import json
+import subprocess
+
+import pytest
 import yaml
 
-from tests.release.artifact import REPO
+from tests.release.artifact import BIN, REPO
 
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 EE = yaml.safe_load((REPO / "execution-environment.yml").read_text())
@@ -34,3 +38,42 @@ def test_the_docs_name_the_playbooks_and_variables_the_job_templates_use():
     for variable in ("fleet_serial", "fleet_max_fail_percentage", "fleet_report_path"):
         assert variable in text and variable in (REPO / "playbooks" / "reset.yml").read_text() + (
             REPO / "playbooks" / "fleet_report.yml").read_text(), variable
+
+
+def _configure(tmp_path, *args):
+    """awx/configure.yml as a user runs it, with no AWX anywhere: CONTROLLER_HOST names a closed port."""
+    env = {"CONTROLLER_HOST": "https://127.0.0.1:9", "CONTROLLER_OAUTH_TOKEN": "x", "PATH": str(BIN) + ":/usr/bin:/bin",
+           "ANSIBLE_PYTHON_INTERPRETER": str(BIN / "python"), "HOME": str(tmp_path)}
+    return subprocess.run([str(BIN / "ansible-playbook"), "awx/configure.yml", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_awx_configuration_parses_and_hands_the_draft_model_expression_to_awx_untemplated(tmp_path):
+    """Syntax check, then the reset-and-serve template's extra variables as the job_template task
+    gets them: the expression AWX must template at launch, as written (not templated, nor an error,
+    here where serve_draft_model is undefined)."""
+    assert _configure(tmp_path, "--syntax-check").returncode == 0
+    proc = subprocess.run([str(BIN / "ansible"), "localhost", "-m", "ansible.builtin.debug", "-a",
+                           "msg={{ cleanslate_awx_job_templates[2].extra_vars | to_json }}", "-e", "@awx/vars.yml"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+                          env={"PATH": str(BIN) + ":/usr/bin:/bin", "HOME": str(tmp_path),
+                               "ANSIBLE_PYTHON_INTERPRETER": str(BIN / "python")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = json.loads(json.loads(proc.stdout.split("=>", 1)[1])["msg"])
+    assert shown["inference_service_speculative"].startswith("{{ {} if not serve_draft_model"), shown
+
+
+@pytest.mark.parametrize("extra, sentence", [
+    ([], "cleanslate_awx_scm_url is not set"),
+    (["-e", "cleanslate_awx_scm_url=https://git.invalid/x.git", "-e", "cleanslate_awx_ee_image= "],
+     "cleanslate_awx_ee_image is not set"),
+    (["-e", "cleanslate_awx_scm_url=u", "-e", "cleanslate_awx_ee_image=i", "-e", "cleanslate_awx_ssh_key_file=k",
+      "-e", "cleanslate_awx_input_inventory=Datacenter", "-e", "cleanslate_awx_input_group=gpu' or 'x"],
+     "cleanslate_awx_input_group must be the name of a group of Datacenter"),
+])
+def test_the_awx_configuration_refuses_missing_or_hostile_variables_before_contacting_awx(tmp_path, extra, sentence):
+    proc = _configure(tmp_path, *extra)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert sentence in proc.stdout, proc.stdout[-2000:]
+    assert "awx.awx" not in proc.stdout.split(sentence)[0].split("TASK [")[-1]
+    assert "Register the execution environment" not in proc.stdout

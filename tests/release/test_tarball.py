@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import tarfile
+from pathlib import Path
 
 import yaml
 
@@ -17,7 +18,7 @@ GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 # Ansible's and pytest's working areas, wheels, the checkout's settings and pins.
 FORBIDDEN_TOP = {"tests", "bench", "tools", ".ci", ".venv", "venv", "build", "dist", "reports", ".ansible",
                  ".pytest_cache", ".whl", ".git", ".gitignore", ".ansible-lint", "ansible.cfg", "Makefile",
-                 "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context"}
+                 "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context", "awx"}
 FORBIDDEN_SUFFIXES = (".whl", ".tar.gz", ".pyc", ".retry")
 # Shipped: the code, the roles and playbooks, the metadata, the user docs, the licence, the changelog,
 # the alert rules (files/prometheus, docs/observability.md).
@@ -99,3 +100,19 @@ def test_the_installed_tarball_is_intact_and_the_only_cleanslate_gpu_ansible_see
                              env=isolated_env(collections, workdir), capture_output=True, text=True, check=True)
     found = {path: names for path, names in json.loads(listing.stdout).items() if "cleanslate.gpu" in names}
     assert list(found) == [str(collections / "ansible_collections")], found
+
+
+def test_make_dist_packs_the_example_inventories_never_the_users_own(tmp_path):
+    """The Quick start has users copy inventory/fleet.example.yml to inventory/fleet.yml and fill
+    in their hosts: `make dist` (tools/dist.py) must not ship that file, nor any other inventory
+    they make there, whatever its name (issue 29)."""
+    checkout = copy_checkout(REPO, tmp_path / "checkout")
+    subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=checkout, check=True)
+    for name in ("fleet.yml", "serve.yml", "site-b.yml"):
+        (checkout / "inventory" / name).write_text("all: {vars: {ansible_password: hunter2}}\n")
+    proc = subprocess.run([str(BIN / "python"), str(REPO / "tools" / "dist.py"), str(checkout), str(tmp_path / "dist")],
+                          capture_output=True, text=True, check=True)
+    members = tarball_members(Path(proc.stdout.strip()))
+    inventories = sorted(member for member in members if member.startswith("inventory/") and member.endswith(".yml"))
+    assert inventories == sorted("inventory/" + path.name for path in (REPO / "inventory").glob("*.example.yml"))

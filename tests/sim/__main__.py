@@ -1,4 +1,4 @@
-"""python -m tests.sim crash --root DIR [--gpus N] [--tp N] [--device-kind K] [--lib-dir D] [--python P]
+"""python -m tests.sim crash --root DIR [--gpus N] [--tp N] [--device-kind K] [--lib-dir D] [--python P] [--vars F]
    python -m tests.sim clean --root DIR
 
 Prints the manifest (crash) or what was killed and removed (clean) as JSON. A bad input
@@ -11,6 +11,7 @@ import sys
 
 from . import SimError, clean, crash
 from .devices import KINDS
+from .role_vars import node_reset_vars
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,6 +30,8 @@ def main(argv=None) -> int:
     build.add_argument("--device-kind", choices=KINDS, default="auto")
     build.add_argument("--lib-dir", default=None, help="directory of the fake libnvidia-ml.so.1")
     build.add_argument("--python", default=None, help="interpreter for the processes and the bytecode")
+    build.add_argument("--vars", default=None,
+                       help="also write the node's role variables here (JSON), for ansible-playbook -e @FILE")
     remove = sub.add_parser("clean", help="kill what crash started under ROOT and remove ROOT")
     remove.add_argument("--root", required=True)
     for child in (build, remove):
@@ -38,6 +41,9 @@ def main(argv=None) -> int:
         if args.command == "crash":
             result = crash(args.root, gpus=args.gpus, tp=args.tp, device_kind=args.device_kind,
                            lib_dir=args.lib_dir, python=args.python)
+            if args.vars:
+                with open(args.vars, "w", encoding="utf-8") as handle:
+                    json.dump(node_reset_vars(result), handle, indent=2)
         else:
             result = clean(args.root)
     except (SimError, OSError) as exc:  # an OSError here: crash has already undone its work

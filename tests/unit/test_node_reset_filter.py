@@ -221,7 +221,7 @@ def test_a_refusal_of_pycache_purge_run_first_is_invalid_and_a_failed_removal_is
     with no unit stopped before it, nothing was touched: `invalid`, as a host check's refusal."""
     refused = {"failed": True, "msg": "module 'vlm' not found", "_ansible_parsed": True}
     result = node_reset_result(steps(pycache_purge=refused), "n", failed_step="pycache_purge", failed_result=refused)
-    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    assert result["status"] == "invalid" and result["problems"][0].startswith("module 'vlm' not found ("), result
     removal = {"failed": True, "msg": "could not remove 1 stale bytecode file(s): /x.pyc: Permission denied",
                "removed": [], "errors": [{"path": "/x.pyc", "error": "Permission denied"}]}
     result = node_reset_result(steps(pycache_purge=removal), "n", failed_step="pycache_purge", failed_result=removal)
@@ -257,7 +257,7 @@ def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_ru
     refused = {"failed": True, "msg": "module 'vlm' not found", "exception": "(traceback unavailable)",
                "_ansible_parsed": True}
     result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=refused)
-    assert result["status"] == "invalid" and result["problems"] == ["module 'vlm' not found"], result
+    assert result["status"] == "invalid" and result["problems"][0].startswith("module 'vlm' not found ("), result
     assert result["error"] is None
     broken = {"failed": True, "msg": "The module interpreter '/x' was not found.", "module_stderr": "not found",
               "rc": 127}
@@ -331,3 +331,19 @@ def test_an_empty_user_list_is_refused_since_it_would_match_no_process():
     assert node_reset_problems(values(node_reset_gpu_reset_users=[])) == [
         "node_reset_gpu_reset_users is []: an empty list or name would match no process; leave it unset (null)"
         " for any user."]
+
+
+def test_a_module_not_found_names_the_fix_for_a_server_in_a_venv_of_its_own():
+    """The example inventory's node_reset_pycache_purge_modules: [vllm] refuses every host whose
+    vLLM lives in a venv: the problem says which variable fixes it (issue 29). Other refusals
+    (a missing path) are said as the host said them."""
+    missing = {"failed": True, "msg": "module 'vllm' not found: no 'vllm' in the sys.path of /usr/bin/python3",
+               "_ansible_parsed": True}
+    for step in ("pycache_check", "pycache_purge"):
+        result = node_reset_result(steps(pycache_purge=missing) if step == "pycache_purge" else steps(), "n",
+                                   kind="verify", read_only=True, failed_step=step, failed_result=missing)
+        assert result["status"] == "invalid", result
+        assert "set node_reset_pycache_purge_python to that venv's python" in result["problems"][0], result
+    path = {"failed": True, "msg": "path '/opt/x' does not exist", "_ansible_parsed": True}
+    result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=path)
+    assert result["problems"] == ["path '/opt/x' does not exist"], result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -209,3 +210,26 @@ def test_users_by_descriptor_with_and_without_ino_in_fdinfo_and_unreadable_proce
 
     assert found == {"nccl-held": [10, 11]}
     assert unreadable == [13]
+
+
+def test_the_processes_whose_files_cannot_be_read_are_named(tmp_path):
+    """The warning about processes root could not read names each (issue 29: `pids 1` alone left
+    the reader to guess it was the container's init). A name is one printable line whatever the
+    process calls itself; a pid that is gone is `?`."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    odd = tmp_path / os.fsdecode(b"gpu\nholder\xe9")
+    odd.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        # The kernel names the process at its exec: wait for it (bounded), not for a guess.
+        for _attempt in range(500):
+            with open("/proc/%d/comm" % proc.pid, "rb") as handle:
+                if handle.read().startswith(b"gpu"):
+                    break
+            time.sleep(0.01)
+        shown = shm_clean.shown_pids([os.getpid(), proc.pid, 2 ** 22 + 7])
+    finally:
+        proc.kill()
+        proc.wait()
+    mine = open("/proc/self/comm", encoding="utf-8").read().strip()
+    assert shown == "%d (%s), %d (gpu\\nholder\\xe9), %d (?)" % (os.getpid(), mine, proc.pid, 2 ** 22 + 7), shown

@@ -8,6 +8,8 @@
 # Usage: base.sh OUTPUT.tar   (then: podman import OUTPUT.tar localhost/cleanslate-ee-base:bookworm)
 set -eu
 out=$1
+# The hooks' "$1" is mmdebstrap's (the root being built), expanded by its shell, not this one.
+# shellcheck disable=SC2016
 exec mmdebstrap \
     --variant=minbase \
     --include=python3,python3-pip,python3-venv,ca-certificates,openssh-client \

@@ -9,6 +9,8 @@
 # the host it reads (tests/integration/test_observe_fleet.py).
 set -eu
 out=$1
+# The hooks' "$1" is mmdebstrap's (the root being built), expanded by its shell, not this one.
+# shellcheck disable=SC2016
 exec mmdebstrap \
     --variant=minbase \
     --include=systemd,systemd-sysv,dbus,openssh-server,python3,python3-psutil,sudo,iproute2,procps,psmisc,prometheus-node-exporter \
