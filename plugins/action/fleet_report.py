@@ -39,6 +39,7 @@ ARGUMENT_SPEC = {
     "columns": {"type": "list", "elements": "dict", "default": []},
     "not_run": {"type": "str"},
     "merge": {"type": "list", "elements": "path", "default": []},
+    "trigger": {"type": "dict"},
 }
 RESULT_FACT = "node_reset_result"
 # Both end up in file names: no separators, no dot-dot.
@@ -273,7 +274,15 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False) -> str:
+def trigger_line(trigger) -> list:
+    """Who started the run, when something other than a person did (the heal rulebook's alert)."""
+    if not trigger:
+        return []
+    what = ", ".join("%s %s" % (key, _cell(trigger[key])) for key in sorted(trigger) if key != "by" and trigger[key] not in (None, ""))
+    return ["Triggered by %s%s." % (_cell(trigger.get("by") or "an automation"), ": " + what if what else ""), ""]
+
+
+def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False, trigger=None) -> str:
     """The report as a Markdown table, then the hosts that are not ok, one problem per line.
 
     read_only: nothing was stopped or removed, so the columns say what a reset would do, and
@@ -282,7 +291,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
     if read_only:
         titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
     titles += [str(column.get("title") or column["key"]) for column in columns]
-    lines = ["# Fleet %s report %s" % (kind, stamp), "", "| %s |" % " | ".join(titles),
+    lines = ["# Fleet %s report %s" % (kind, stamp), ""] + trigger_line(trigger) + ["| %s |" % " | ".join(titles),
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
         used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
@@ -370,14 +379,16 @@ class ActionModule(ControllerAction):
         check = bool(self._task.check_mode)
         base = os.path.join(args["dest"], "%s-%s%s" % (args["kind"], "check-" if check else "", stamp))
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
-                                   args["columns"], read_only)
+                                   args["columns"], read_only, args["trigger"])
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        if args["trigger"]:
+            document["trigger"] = args["trigger"]
         if check:
             document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      rows=rows, merged_from=merged, changed=False)
+                      rows=rows, merged_from=merged, trigger=args["trigger"] or {}, changed=False)
         try:
             os.makedirs(args["dest"], mode=0o700, exist_ok=True)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
