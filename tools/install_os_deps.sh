@@ -3,10 +3,12 @@
 # gcc/libc6-dev build the fake libnvidia-ml; python3-venv makes the virtual environment;
 # psmisc gives fuser (the benchmarks' baseline); mmdebstrap, systemd-container, iproute2,
 # openssh-client and zstd build and reach the fleet of test hosts; prometheus gives promtool (the
-# alert rules' tests) and the Prometheus server that evaluates them against the fleet.
+# alert rules' tests) and the Prometheus server that evaluates them against the fleet;
+# prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop.
 set -euo pipefail
 packages=(python3 python3-venv gcc libc6-dev make git psmisc procps iproute2 openssh-client
-          mmdebstrap systemd-container zstd prometheus)
+          mmdebstrap systemd-container zstd prometheus
+          prometheus-alertmanager openjdk-17-jre-headless)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
