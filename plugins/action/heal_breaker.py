@@ -96,9 +96,14 @@ def check_args(args) -> dict:
     return limits
 
 
-def unit_problem(host, trigger, configured) -> str:
-    """A unit alert about a unit the host is not served with: the heal would reset a host for
-    something the inventory does not manage."""
+def target_problem(host, alert, trigger, configured) -> str:
+    """Why the alert cannot heal `host`: it names another host (or none), or a unit the host is not
+    served with (the heal would reset a host for something the inventory does not manage)."""
+    labels = alert.get("labels") if isinstance(alert, Mapping) and isinstance(alert.get("labels"), Mapping) else {}
+    named = labels.get("host")
+    if named != host:
+        return ("%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)"
+                % (host, "host %r" % (named,) if named not in (None, "") else "no host"))
     if trigger.get("unit") and configured and trigger["unit"] != configured:
         return ("%s: the alert %s is about %s, but the host serves %s (inference_service_unit): nothing is healed"
                 % (host, trigger.get("alertname") or "(no name)", trigger["unit"], configured))
@@ -113,7 +118,7 @@ class ActionModule(ControllerAction):
         path, host, now = args["path"], args["host"], time.time()
         trigger = trigger_of(args["alert"])
         configured = args["configured_unit"] or load_spec("inference_service")["inference_service_unit"]["default"]
-        refused = unit_problem(host, trigger, configured) if args["state"] == "heal" else ""
+        refused = target_problem(host, args["alert"], trigger, configured) if args["state"] == "heal" else ""
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
         if refused:
             result.update(allowed=False, open=False, opened=False, reason=refused)

@@ -160,14 +160,21 @@ def test_good_options_pass_with_strings_from_jinja():
         "max_heals": 2, "window_s": 90.0, "quiet_s": 1.5}
 
 
-def test_an_alert_about_another_unit_is_refused():
-    trigger = action.trigger_of({"labels": {"alertname": "CleanslateGpuServerDown", "unit": "other.service",
-                                            "host": "gpu1"}, "fingerprint": "f1", "meta": {"received_at": "t"}})
+def test_an_alert_about_another_host_or_unit_is_refused():
+    event = {"labels": {"alertname": "CleanslateGpuServerDown", "unit": "other.service", "host": "gpu1"},
+             "fingerprint": "f1", "meta": {"received_at": "t"}}
+    trigger = action.trigger_of(event)
     assert trigger == {"alertname": "CleanslateGpuServerDown", "unit": "other.service", "fingerprint": "f1",
                        "starts_at": "", "received_at": "t"}
-    problem = action.unit_problem("gpu1", trigger, "inference-server.service")
+    problem = action.target_problem("gpu1", event, trigger, "inference-server.service")
     assert "is about other.service, but the host serves inference-server.service" in problem
-    assert action.unit_problem("gpu1", dict(trigger, unit="inference-server.service"), "inference-server.service") == ""
-    assert action.unit_problem("gpu1", dict(trigger, unit=""), "inference-server.service") == ""
-    # Garbage instead of an event: no trigger, nothing refused on the unit.
+    ours = dict(trigger, unit="inference-server.service")
+    assert action.target_problem("gpu1", event, ours, "inference-server.service") == ""
+    assert action.target_problem("gpu1", event, dict(trigger, unit=""), "inference-server.service") == ""
+    # Another host, no host, a host that differs by a space or a newline, no event at all.
+    for other, named in (("gpu2", "host 'gpu1'"), ("gpu1 ", "host 'gpu1'")):
+        assert action.target_problem(other, event, ours, "x") == \
+            "%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)" % (other, named)
+    for junk in ({}, "junk", {"labels": "x"}, {"labels": {"host": ""}}, {"labels": {"host": ["gpu1"]}}, None):
+        assert "gpu1: not healed, the alert names" in action.target_problem("gpu1", junk, action.trigger_of(junk), "x"), junk
     assert action.trigger_of("junk") == {} and action.trigger_of({"labels": "x"})["alertname"] == ""
