@@ -379,16 +379,16 @@ class ActionModule(ControllerAction):
         check = bool(self._task.check_mode)
         base = os.path.join(args["dest"], "%s-%s%s" % (args["kind"], "check-" if check else "", stamp))
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
-                                   args["columns"], read_only, args["trigger"])
+                                   args["columns"], read_only, args.get("trigger"))
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
-        if args["trigger"]:
-            document["trigger"] = args["trigger"]
+        if args.get("trigger"):
+            document["trigger"] = args.get("trigger")
         if check:
             document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
         result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      rows=rows, merged_from=merged, trigger=args["trigger"] or {}, changed=False)
+                      rows=rows, merged_from=merged, trigger=args.get("trigger") or {}, changed=False)
         try:
             os.makedirs(args["dest"], mode=0o700, exist_ok=True)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
