@@ -289,7 +289,6 @@ def test_a_verify_report_shows_the_memory_in_use_per_host():
 
 
 def test_a_report_started_by_an_alert_says_which_under_its_title():
-    from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import render_markdown
     trigger = {"by": "cleanslate.gpu.heal", "alertname": "CleanslateGpuEngineDown", "fingerprint": "ab|12\nx", "starts_at": ""}
     lines = render_markdown("reset_and_serve", "S", [], trigger=trigger).splitlines()
     # One line, whatever the alert carried: a | or a newline cannot break the table below it.
