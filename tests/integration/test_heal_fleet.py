@@ -107,10 +107,12 @@ class Loop:
         for proc in reversed(self.procs):
             proc.stop()
 
-    def firing(self, host) -> bool:
+    def firing(self, host) -> float:
+        """When Prometheus's EngineDown alert of `host` fired (its activeAt plus the copy's `for:` of
+        1 s, Prometheus's own clock), 0 while it does not."""
         found = json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"))["data"]["alerts"]
-        return any(a["labels"].get("alertname") == "CleanslateGpuEngineDown" and a["labels"].get("host") == host
-                   and a["state"] == "firing" for a in found)
+        return next((stamp(a["activeAt"]) + 1 for a in found if a["labels"].get("alertname") == "CleanslateGpuEngineDown"
+                     and a["labels"].get("host") == host and a["state"] == "firing"), 0)
 
     def up(self, host) -> bool:
         query = urllib.parse.urlencode({"query": 'up{job="cleanslate_gpu_engine",host="%s"} == 1' % host})
@@ -167,7 +169,7 @@ def loop(fleet_session, tmp_path_factory):
 
 def heal_once(loop, host, crashed_at, heals_before) -> dict:
     """Wait for the heal of a crash; the times of its parts, in seconds after the crash."""
-    fired = wait_for(f"{host}: the alert firing", lambda: loop.firing(host) and time.time(), timeout=60, interval=0.2)
+    fired = wait_for(f"{host}: the alert firing", lambda: loop.firing(host), timeout=60, interval=0.2)
     wait_for(f"{host}: the heal counted", lambda: len(loop.heals(host)) > heals_before, timeout=120)
     ready = wait_for(f"{host}: a completion again", lambda: loop.completes(host) and time.time(), timeout=300, interval=0.5)
     heal = loop.heals(host)[-1]
