@@ -15,9 +15,11 @@ A file that is not the breaker's state is never overwritten: the heal is refused
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 
@@ -26,6 +28,7 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import re
 METRICS_FILE = "cleanslate_gpu_heal.prom"
 # What an entry keeps of the alert that asked for a heal: who triggered it.
 TRIGGER_KEYS = ("alertname", "fingerprint", "unit", "received_at", "starts_at")
+STARTS_AT = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)\Z")
 
 
 class BreakerError(RuntimeError):
@@ -99,6 +102,23 @@ def locked(path: str):
         os.close(lock)  # releases the lock
 
 
+def alert_start(text) -> float | None:
+    """Alertmanager's startsAt (RFC 3339, nanoseconds, `Z`) as seconds; None when it is no time."""
+    match = STARTS_AT.match(str(text or ""))
+    if not match:
+        return None
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    try:
+        # Python keeps microseconds: the nanoseconds beyond them are cut.
+        return datetime.datetime.fromisoformat(match.group(1) + (match.group(2) or "")[:7] + zone).timestamp()
+    except ValueError:
+        return None
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _close(entry: dict, now: float, why: str) -> None:
     entry.update(open=False, opened_at=None, reason=why, heals=[], last_request_at=now, refused=0)
 
@@ -124,6 +144,14 @@ def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: f
         _close(entry, now, "closed: no alert for %g s (the quiet period)" % quiet_s)
         closed = True
     recent = [heal for heal in entry["heals"] if isinstance(heal, dict) and now - float(heal.get("at", 0)) < window_s]
+    # An alert that began before the host's last heal started is the outage that heal answered
+    # (Alertmanager's repeat, the other down alert of the same crash, queued behind the lock while
+    # the heal ran): not a new crash, so neither a heal nor a count.
+    began, last_heal = alert_start(trigger.get("starts_at")), entry.get("last_heal_at")
+    if began is not None and last_heal is not None and began < float(last_heal):
+        return {"allowed": False, "open": False, "opened": False, "closed": closed, "heals": len(recent), "answered": True,
+                "reason": "%s: not healed again, the alert %s began before the heal that started at %s"
+                          % (host, trigger.get("alertname") or "(no name)", _utc(float(last_heal)))}
     entry["last_request_at"] = now
     if len(recent) >= max_heals:
         entry.update(heals=recent, open=True, opened_at=now, refused=1, reason=(
@@ -134,7 +162,7 @@ def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: f
                 "reason": entry["reason"]}
     heal = {"at": now}
     heal.update({key: trigger[key] for key in TRIGGER_KEYS if trigger.get(key) not in (None, "")})
-    entry.update(heals=recent + [heal], reason="")
+    entry.update(heals=recent + [heal], reason="", last_heal_at=now)
     return {"allowed": True, "open": False, "opened": False, "closed": closed, "heals": len(recent) + 1, "reason": ""}
 
 

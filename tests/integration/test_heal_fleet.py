@@ -146,6 +146,11 @@ class Loop:
         return self.breaker().get(host, {}).get("heals", [])
 
 
+def report_time(text: str) -> float:
+    """A report's stamp (UTC, to the second) as seconds, rounded up: the report was written in that second."""
+    return datetime.datetime.strptime(text, "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc).timestamp() + 1
+
+
 def stamp(iso: str) -> float:
     return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
@@ -206,6 +211,11 @@ def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
     second = heal_once(loop, "node1", crashed["node1"], 1)
     other = heal_once(loop, "node2", crashed["node2"], 0)
     wait_for("both alerts resolved", lambda: not loop.firing("node1") and not loop.firing("node2"), timeout=60)
+    # In parallel: each heal started before the other's run ended (its report is written last).
+    reports = wait_for("both heals' reports", lambda: len(loop.heal_reports()) == 3 and loop.heal_reports(), timeout=120)
+    ended = {document["hosts"][0]["host"]: report_time(document["time"]) for document in reports[1:]}
+    started = {host: loop.heals(host)[-1]["at"] for host in HOSTS}
+    assert started["node1"] < ended["node2"] and started["node2"] < ended["node1"], (started, ended)
     runs_before = loop.rulebook.runs()
 
     # The third crash of node1 within the window: the breaker opens, nothing is reset, node1 stays down.

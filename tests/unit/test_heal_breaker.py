@@ -178,3 +178,28 @@ def test_an_alert_about_another_host_or_unit_is_refused():
     for junk in ({}, "junk", {"labels": "x"}, {"labels": {"host": ""}}, {"labels": {"host": ["gpu1"]}}, None):
         assert "gpu1: not healed, the alert names" in action.target_problem("gpu1", junk, action.trigger_of(junk), "x"), junk
     assert action.trigger_of("junk") == {} and action.trigger_of({"labels": "x"})["alertname"] == ""
+
+
+def test_an_alert_that_began_before_the_last_heal_is_answered_already():
+    """Alertmanager repeats a firing alert, and a crash fires both down alerts: one that began before
+    the host's last heal started is that heal's outage, queued behind the lock while it ran."""
+    state = {"hosts": {}}
+    start = breaker.alert_start("2026-12-02T01:00:00.123456789Z")
+    assert heal(state, "gpu1", start + 2, quiet_s=60)["allowed"]
+    for repeat in ({"starts_at": "2026-12-02T01:00:00.123456789Z"}, {"starts_at": "2026-12-02T01:00:01Z"},
+                   {"starts_at": "2026-12-02T02:00:00+01:00"}):
+        again = breaker.request_heal(state, "gpu1", start + 30, 3, 3600, 60, dict(TRIGGER, **repeat))
+        assert not again["allowed"] and again["answered"] and again["heals"] == 1, repeat
+        assert again["reason"].startswith("gpu1: not healed again, the alert CleanslateGpuEngineDown began before the heal")
+    # A crash after the heal is a new alert: healed, counted.
+    later = breaker.request_heal(state, "gpu1", start + 60, 3, 3600, 60, dict(TRIGGER, starts_at="2026-12-02T01:00:40Z"))
+    assert later["allowed"] and later["heals"] == 2
+    # No time, or garbage: counted as a new alert (the throttle and the breaker still bound it).
+    for junk in ("", "yesterday", "2026-13-45T99:00:00Z", None, 5):
+        assert breaker.alert_start(junk) is None, junk
+
+
+def test_alert_start_reads_alertmanagers_times():
+    assert breaker.alert_start("1970-01-01T00:01:00Z") == 60
+    assert breaker.alert_start("1970-01-01T01:01:00+01:00") == 60
+    assert abs(breaker.alert_start("1970-01-01T00:01:00.5Z") - 60.5) < 1e-6
