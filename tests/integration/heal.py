@@ -122,7 +122,7 @@ class Alertmanager:
         self.port = free_port()
         config = {
             "route": {"receiver": "heal", "group_by": ["alertname", "host"], "group_wait": "0s",
-                      "group_interval": "1s", "repeat_interval": "10s"},
+                      "group_interval": "1s", "repeat_interval": "1h"},
             "receivers": [{"name": "heal", "webhook_configs": [{
                 "url": "http://127.0.0.1:%d/alerts" % webhook_port, "send_resolved": True,
                 "http_config": {"authorization": {"credentials": TOKEN}}}]}],
