@@ -132,7 +132,7 @@ class ActionModule(ControllerAction):
                 else:
                     result.update(breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
                                                        limits["quiet_s"], trigger))
-                    result["changed"] = True
+                    result["changed"] = not result.get("answered")
                 return result
             with breaker.locked(path) as state:
                 if args["state"] == "closed":
@@ -141,8 +141,9 @@ class ActionModule(ControllerAction):
                 else:
                     decision = breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
                                                     limits["quiet_s"], trigger)
-                    # Every request is recorded (a refused one restarts the quiet period).
-                    result.update(decision, changed=True)
+                    # Every request is recorded (a refused one restarts the quiet period), except an
+                    # alert that an earlier heal already answered.
+                    result.update(decision, changed=not decision.get("answered"))
                 if args["metrics_dir"] and os.path.isdir(args["metrics_dir"]):
                     try:
                         breaker.write_metrics(args["metrics_dir"], state, now, limits["window_s"])

@@ -23,6 +23,8 @@ description:
     that is not a breaker state is never overwritten; the task fails with one sentence naming it.
   - After each change, the whole state is written as node_exporter textfile metrics, C(cleanslate_gpu_heal.prom) in
     O(metrics_dir), when that directory exists.
+  - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted: that heal
+    answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
@@ -144,6 +146,11 @@ trigger:
   type: dict
   sample: {"alertname": "CleanslateGpuEngineDown", "fingerprint": "5c3a1e2f9d0b7a64", "unit": "", "starts_at": "2026-12-02T01:00:00Z",
            "received_at": "2026-12-02T01:00:03.120Z"}
+answered:
+  description: True when the alert began before the host's last heal started (that heal answered it); nothing is counted.
+  returned: when an earlier heal answered the alert
+  type: bool
+  sample: true
 was_open:
   description: Whether the breaker was open before O(state=closed).
   returned: when O(state=closed)
