@@ -338,6 +338,20 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
+def reserve_name(base: str) -> str:
+    """`base`, or `base-2`, `base-3`, ...: the first whose JSON file did not exist, created empty
+    here (O_EXCL) so that a run ending in the same second elsewhere (the heal rulebook runs hosts
+    in parallel, --limit slices run side by side) takes the next name instead of replacing it."""
+    for number in range(1, 1000):
+        candidate = base if number == 1 else "%s-%d" % (base, number)
+        try:
+            os.close(os.open(candidate + ".json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, REPORT_MODE))
+            return candidate
+        except FileExistsError:
+            continue
+    raise AnsibleActionFail("cannot write the fleet report: %s.json and 998 more names of that second exist" % base)
+
+
 def check_args(args: dict) -> None:
     """Names that become file names, and columns that name a key; one sentence each."""
     problems = []
@@ -387,10 +401,12 @@ class ActionModule(ControllerAction):
             document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
-        result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      rows=rows, merged_from=merged, trigger=args.get("trigger") or {}, changed=False)
         try:
             os.makedirs(args["dest"], mode=0o700, exist_ok=True)
+            if not args["stamp"]:
+                base = reserve_name(base)
+            result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
+                          rows=rows, merged_from=merged, trigger=args.get("trigger") or {}, changed=False)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
             write_atomically(base + ".md", markdown)
         except OSError as exc:
