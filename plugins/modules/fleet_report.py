@@ -60,7 +60,8 @@ options:
     description:
       - Time stamp of the run, the second part of the file names, for example C(20261129T101500Z); letters, digits,
         C(-) and C(_) only.
-      - When not given, the controller's current UTC time in that form.
+      - When not given, the controller's current UTC time in that form; when a report of that kind and second is already
+        there (runs ending together, such as parallel heals), the next free name, C(<kind>-<stamp>-2), C(-3), ...
     type: str
   hosts:
     description:
