@@ -291,8 +291,8 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
     if read_only:
         titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
     titles += [str(column.get("title") or column["key"]) for column in columns]
-    lines = ["# Fleet %s report %s" % (kind, stamp), ""] + trigger_line(trigger) + ["| %s |" % " | ".join(titles),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
+    lines = ["# Fleet %s report %s" % (kind, stamp), ""] + trigger_line(trigger)
+    lines += ["| %s |" % " | ".join(titles), "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
         used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
         mib = sum(_number(value) or 0 for value in used.values()) if read_only else _number(row.get("mib_freed")) or 0

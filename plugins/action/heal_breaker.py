@@ -43,8 +43,8 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def _positive(name, value, integer=False, most=LONGEST_S):
     """`value` as a number within (0, most]; one sentence naming `name` otherwise."""
-    problem = "%s must be %s between 1 and %d, got %r" % (name, "a whole number" if integer else "a number of seconds",
-                                                           most, value)
+    kind = "a whole number" if integer else "a number of seconds"
+    problem = "%s must be %s between 1 and %d, got %r" % (name, kind, most, value)
     if isinstance(value, bool):
         raise AnsibleActionFail(problem)
     try:

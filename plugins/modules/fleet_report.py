@@ -119,7 +119,7 @@ options:
   trigger:
     description:
       - What started the run when no person did, for example the alert of the heal rulebook (C(cleanslate.gpu.heal)
-        passes C(by), C(alertname), C(fingerprint), C(starts_at), C(heals_in_window)): kept as C(trigger) in the JSON
+        passes C(by), C(alertname), C(fingerprint), C(starts_at), C(heals_in_window)), kept as C(trigger) in the JSON
         report and said in a line under the Markdown report's title.
     type: dict
     version_added: 0.2.0

@@ -23,8 +23,8 @@ description:
     that is not a breaker state is never overwritten; the task fails with one sentence naming it.
   - After each change, the whole state is written as node_exporter textfile metrics, C(cleanslate_gpu_heal.prom) in
     O(metrics_dir), when that directory exists.
-  - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted: that heal
-    answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
+  - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted, since that
+    heal answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
 author:
   - cleanslate.gpu maintainers (@cleanslate)
@@ -62,7 +62,7 @@ options:
     default: heal
   alert:
     description:
-      - The alert that asks for the heal, as the rulebook passes it (C(ansible_eda.event)): its C(labels) (C(host),
+      - The alert that asks for the heal, as the rulebook passes it (C(ansible_eda.event)). Its C(labels) (C(host),
         C(alertname), C(unit)), C(fingerprint), C(startsAt) and C(meta.received_at) are read; anything else is ignored.
     type: raw
     default: {}

@@ -104,6 +104,10 @@ class Rulebook:
         """Playbook runs started so far (ansible-rulebook says each one's job start)."""
         return self.text().count("Calling Ansible runner")
 
+    def finished(self) -> int:
+        """Playbook runs ended so far."""
+        return self.text().count("Ansible runner rc:")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

@@ -221,8 +221,10 @@ def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
     # The third crash of node1 within the window: the breaker opens, nothing is reset, node1 stays down.
     loop.crash("node1")
     wait_for("the breaker open", lambda: loop.breaker().get("node1", {}).get("open"), timeout=120)
-    time.sleep(15)
+    wait_for("the refused run ended", lambda: loop.rulebook.finished() == runs_before + 1, timeout=300)
+    time.sleep(10)
     assert loop.rulebook.runs() == runs_before + 1, loop.rulebook.text()[-4000:]
+    assert len(loop.heal_reports()) == 3  # no reset_and_serve ran
     assert len(loop.heals("node1")) == MAX_HEALS and not loop.completes("node1")
     assert loop.fleet.run("node1", ["systemctl", "is-active", UNIT], check=False).stdout.strip() != "active"
     metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
