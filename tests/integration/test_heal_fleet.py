@@ -199,7 +199,7 @@ def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
     # One crash: reset and served again with nobody's help.
     first = heal_once(loop, "node1", loop.crash("node1"), 0)
     # The server answers before the run ends (the gate, the metrics, then the report).
-    (document,) = wait_for("the heal's report", lambda: loop.heal_reports(), timeout=120)
+    (document,) = wait_for("the heal's report", loop.heal_reports, timeout=120)
     assert document["trigger"]["alertname"] == "CleanslateGpuEngineDown", document.get("trigger")
     assert document["trigger"]["fingerprint"] == loop.heals("node1")[0]["fingerprint"]
     (row,) = document["hosts"]
