@@ -139,3 +139,15 @@ def test_bad_breaker_settings_refuse_the_heal_with_one_sentence(loop, name, valu
     option = name[len("heal_"):]
     assert "%s must be" % option in proc.stdout and "got %r" % value in proc.stdout, proc.stdout[-3000:]
     assert "PLAY [Reset and serve]" not in proc.stdout and state(loop) == before
+
+
+def test_the_close_command_forgets_the_hosts_heals_and_touches_nothing_else(loop):
+    assert state(loop)["node1"]["heals"]  # the flood's heal
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/heal_breaker_close.yml", "-i", str(loop.inventory), "-l", "node1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "changed=1" in proc.stdout, proc.stdout[-3000:]
+    after = state(loop)
+    assert after["node1"]["heals"] == [] and not after["node1"]["open"]
+    assert after["node2"]["heals"], after  # another host's count is kept
+    metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
+    assert 'cleanslate_gpu_heal_recent_heals{host="node1"} 0' in metrics, metrics
