@@ -20,7 +20,7 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
-	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean
+	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -91,8 +91,18 @@ coverage: setup
 release: setup
 	$(PY) -m pytest tests/release -q
 
+# ansible-rulebook (the self-healing loop, docs/self_healing.md) in a venv of its own, so that it
+# never changes .venv's ansible-core; needs Java 17 (tools/install_os_deps.sh).
+RULEBOOK_VENV := $(BUILD)/venvs/rulebook
+rulebook: $(RULEBOOK_VENV)/.installed
+
+$(RULEBOOK_VENV)/.installed: requirements-rulebook.txt
+	$(PYTHON) -m venv $(RULEBOOK_VENV)
+	$(RULEBOOK_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-rulebook.txt
+	touch $@
+
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
-integration: setup
+integration: setup rulebook
 	$(PY) -m pytest tests/integration -q -m "not ee and not hostile"
 
 # The hostile run of the serve layer (tests/integration/test_serve_hostile_fleet.py): every

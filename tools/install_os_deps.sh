@@ -5,10 +5,12 @@
 # openssh-client and zstd build and reach the fleet of test hosts (mmdebstrap also the Debian 13
 # root file system of the newer controllers, tools/controller); shellcheck is ansible-test
 # sanity's test of the shell scripts (skipped without it); prometheus gives promtool (the alert
-# rules' tests) and the Prometheus server that evaluates them against the fleet.
+# rules' tests) and the Prometheus server that evaluates them against the fleet;
+# prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop.
 set -euo pipefail
 packages=(python3 python3-venv gcc libc6-dev make git psmisc procps iproute2 openssh-client
-          mmdebstrap systemd-container zstd shellcheck prometheus)
+          mmdebstrap systemd-container zstd shellcheck prometheus
+          prometheus-alertmanager openjdk-17-jre-headless)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -40,6 +40,7 @@ ARGUMENT_SPEC = {
     "columns": {"type": "list", "elements": "dict", "default": []},
     "not_run": {"type": "str"},
     "merge": {"type": "list", "elements": "path", "default": []},
+    "trigger": {"type": "dict"},
 }
 RESULT_FACT = "node_reset_result"
 # Both end up in file names: no separators, no dot-dot.
@@ -279,7 +280,15 @@ def _cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False) -> str:
+def trigger_line(trigger) -> list:
+    """Who started the run, when something other than a person did (the heal rulebook's alert)."""
+    if not trigger:
+        return []
+    what = ", ".join("%s %s" % (key, _cell(trigger[key])) for key in sorted(trigger) if key != "by" and trigger[key] not in (None, ""))
+    return ["Triggered by %s%s." % (_cell(trigger.get("by") or "an automation"), ": " + what if what else ""), ""]
+
+
+def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False, trigger=None) -> str:
     """The report as a Markdown table, then the hosts that are not ok, one problem per line.
 
     read_only: nothing was stopped or removed, so the columns say what a reset would do, and
@@ -288,8 +297,8 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
     if read_only:
         titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
     titles += [str(column.get("title") or column["key"]) for column in columns]
-    lines = ["# Fleet %s report %s" % (kind, stamp), "", "| %s |" % " | ".join(titles),
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
+    lines = ["# Fleet %s report %s" % (kind, stamp), ""] + trigger_line(trigger)
+    lines += ["| %s |" % " | ".join(titles), "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
     for row in rows:
         used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
         mib = sum(_number(value) or 0 for value in used.values()) if read_only else _number(row.get("mib_freed")) or 0
@@ -335,6 +344,20 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
+def reserve_name(base: str) -> str:
+    """`base`, or `base-2`, `base-3`, ...: the first whose JSON file did not exist, created empty
+    here (O_EXCL) so that a run ending in the same second elsewhere (the heal rulebook runs hosts
+    in parallel, --limit slices run side by side) takes the next name instead of replacing it."""
+    for number in range(1, 1000):
+        candidate = base if number == 1 else "%s-%d" % (base, number)
+        try:
+            os.close(os.open(candidate + ".json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, REPORT_MODE))
+            return candidate
+        except FileExistsError:
+            continue
+    raise AnsibleActionFail("cannot write the fleet report: %s.json and 998 more names of that second exist" % base)
+
+
 def check_args(args: dict) -> None:
     """Names that become file names, and columns that name a key; one sentence each."""
     problems = []
@@ -376,16 +399,20 @@ class ActionModule(ControllerAction):
         check = bool(self._task.check_mode)
         base = os.path.join(args["dest"], "%s-%s%s" % (args["kind"], "check-" if check else "", stamp))
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
-                                   args["columns"], read_only)
+                                   args["columns"], read_only, args.get("trigger"))
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        if args.get("trigger"):
+            document["trigger"] = args.get("trigger")
         if check:
             document["check_mode"] = True
         if merged:
             document["merged_from"] = merged
-        result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
-                      rows=rows, merged_from=merged, changed=False)
         try:
             os.makedirs(args["dest"], mode=0o700, exist_ok=True)
+            if not args["stamp"]:
+                base = reserve_name(base)
+            result.update(json_path=base + ".json", markdown_path=base + ".md", markdown=markdown.splitlines(),
+                          rows=rows, merged_from=merged, trigger=args.get("trigger") or {}, changed=False)
             write_atomically(base + ".json", json.dumps(document, indent=4, sort_keys=True, default=str) + "\n")
             write_atomically(base + ".md", markdown)
         except OSError as exc:

@@ -51,7 +51,8 @@ options:
     description:
       - Time stamp of the run, the second part of the file names, for example C(20261129T101500Z); letters, digits,
         C(-) and C(_) only.
-      - When not given, the controller's current UTC time in that form.
+      - When not given, the controller's current UTC time in that form; when a report of that kind and second is already
+        there (runs ending together, such as parallel heals), the next free name, C(<kind>-<stamp>-2), C(-3), ...
     type: str
   hosts:
     description:
@@ -107,6 +108,13 @@ options:
       - Why a host of O(hosts) without C(node_reset_result) was not run, for its row (for example that the rollout
         stopped). When not given, the row says the host failed or did not answer before the role's first step.
     type: str
+  trigger:
+    description:
+      - What started the run when no person did, for example the alert of the heal rulebook (C(cleanslate.gpu.heal)
+        passes C(by), C(alertname), C(fingerprint), C(starts_at), C(heals_in_window)), kept as C(trigger) in the JSON
+        report and said in a line under the Markdown report's title.
+    type: dict
+    version_added: 0.2.0
 notes:
   - Writing the report is not a change of any target, so the task reports C(changed=false) and a second reset of
     a clean fleet recaps C(changed=0) everywhere.
@@ -194,6 +202,12 @@ merged_from:
   elements: str
   sample: [/srv/reports/slice1/reset-20261129T101500Z.json, /srv/reports/slice2/reset-20261129T101502Z.json]
   version_added: 0.1.0
+trigger:
+  description: O(trigger) as given; empty when not given.
+  returned: always
+  type: dict
+  sample: {"by": "cleanslate.gpu.heal", "alertname": "CleanslateGpuEngineDown", "fingerprint": "5c3a1e2f9d0b7a64"}
+  version_added: 0.2.0
 markdown:
   description: The Markdown report, one list item per line.
   returned: always

@@ -106,7 +106,7 @@ def test_every_role_entry_point_renders_with_every_option_described(installed):
             assert re.search(r"ENTRY POINT: \W*%s\W* - \w" % re.escape(entry), text.stdout), (role, entry)
 
 
-@pytest.mark.parametrize("name", ["reset", "verify", "reset_and_serve"])
+@pytest.mark.parametrize("name", ["reset", "verify", "reset_and_serve", "heal", "heal_breaker_close"])
 def test_each_playbook_is_found_by_its_fqcn_and_parses(installed, name):
     """`ansible-playbook cleanslate.gpu.NAME --syntax-check` from the installed tarball (the runs
     themselves are in test_installed_playbooks.py)."""

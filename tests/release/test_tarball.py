@@ -21,8 +21,9 @@ FORBIDDEN_TOP = {"tests", "bench", "tools", ".ci", ".venv", "venv", "build", "di
                  "pytest.ini", "constraints.txt", "collections", "execution-environment.yml", "context", "awx"}
 FORBIDDEN_SUFFIXES = (".whl", ".tar.gz", ".pyc", ".retry")
 # Shipped: the code, the roles and playbooks, the metadata, the user docs, the licence, the changelog,
-# the alert rules (files/prometheus, docs/observability.md).
-REQUIRED_TREES = ("plugins", "roles", "playbooks", "meta", "docs", "LICENSES", "changelogs", "files")
+# the alert rules (files/prometheus, docs/observability.md), the self-healing rulebook (extensions/eda,
+# where ansible-rulebook and EDA controller look for it: docs/self_healing.md).
+REQUIRED_TREES = ("plugins", "roles", "playbooks", "meta", "docs", "LICENSES", "changelogs", "files", "extensions")
 REQUIRED_FILES = ("README.md", "COPYING", "MANIFEST.json", "FILES.json", "meta/runtime.yml",
                   "meta/execution-environment.yml", "changelogs/changelog.yaml", "changelogs/config.yaml")
 

@@ -286,3 +286,12 @@ def test_a_verify_report_shows_the_memory_in_use_per_host():
     lines = render_markdown("verify", "T", rows, read_only=True).splitlines()
     assert lines[2] == "| host | status | would stop | MiB used | shm would remove | bytecode would remove | seconds |"
     assert "| node1 | dirty | 0 | 800 | 0 Bytes | 0 | 0.0 |" in lines
+
+
+def test_a_report_started_by_an_alert_says_which_under_its_title():
+    trigger = {"by": "cleanslate.gpu.heal", "alertname": "CleanslateGpuEngineDown", "fingerprint": "ab|12\nx", "starts_at": ""}
+    lines = render_markdown("reset_and_serve", "S", [], trigger=trigger).splitlines()
+    # One line, whatever the alert carried: a | or a newline cannot break the table below it.
+    assert lines[2] == "Triggered by cleanslate.gpu.heal: alertname CleanslateGpuEngineDown, fingerprint ab\\|12 x."
+    assert lines[4].startswith("| host | status |")
+    assert "Triggered" not in render_markdown("reset", "S", [])

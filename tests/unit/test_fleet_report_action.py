@@ -83,3 +83,16 @@ def test_a_kind_that_is_not_a_plain_name_is_refused_and_nothing_is_written(tmp_p
         act(tmp_path, kind=kind, hosts=["node1"], results={"node1": node_result()})
     assert not (tmp_path / "reports").exists()
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_runs_ending_in_the_same_second_keep_each_its_report(tmp_path, monkeypatch):
+    """Heals of two hosts run in parallel (the heal rulebook) and may end in the same second: the
+    second report takes the next name instead of replacing the first."""
+    monkeypatch.setattr("time.gmtime", lambda *dummy: (2026, 12, 2, 1, 2, 3, 2, 336, 0))
+    first = act(tmp_path, stamp=None, hosts=["node1"], results={"node1": node_result()})
+    second = act(tmp_path, stamp=None, hosts=["node2"], results={"node2": node_result()})
+    assert first["json_path"].endswith("reset-20261202T010203Z.json")
+    assert second["json_path"].endswith("reset-20261202T010203Z-2.json")
+    assert second["markdown_path"].endswith("reset-20261202T010203Z-2.md")
+    assert [row["host"] for row in json.loads(open(first["json_path"], encoding="utf-8").read())["hosts"]] == ["node1"]
+    assert [row["host"] for row in json.loads(open(second["json_path"], encoding="utf-8").read())["hosts"]] == ["node2"]

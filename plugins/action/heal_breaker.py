@@ -1,0 +1,159 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The heal playbook's circuit breaker, on the controller (documentation: plugins/modules/heal_breaker.py).
+
+The state is the controller's file, shared by every heal the rulebook starts: the decision, the
+state and the metrics file are all changed under one lock (plugin_utils/_heal_breaker.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Mapping
+
+from ansible.errors import AnsibleActionFail
+from ansible.utils.display import Display
+
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _heal_breaker as breaker
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_spec
+
+display = Display()
+
+ARGUMENT_SPEC = {
+    "path": {"type": "str", "default": "/var/lib/cleanslate-gpu/heal_breaker.json"},
+    "host": {"type": "str", "required": True},
+    "state": {"type": "str", "default": "heal", "choices": ["heal", "closed"]},
+    "alert": {"type": "raw", "default": {}},
+    "configured_unit": {"type": "str"},
+    "max_heals": {"type": "raw", "default": 3},
+    "window_s": {"type": "raw", "default": 3600},
+    "quiet_s": {"type": "raw", "default": 3600},
+    "metrics_dir": {"type": "str", "default": "/var/lib/prometheus/node-exporter"},
+}
+# A year: anything longer is a typo (and a float that large loses the seconds).
+LONGEST_S = 366 * 86400
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _positive(name, value, integer=False, most=LONGEST_S):
+    """`value` as a number within (0, most]; one sentence naming `name` otherwise."""
+    kind = "a whole number" if integer else "a number of seconds"
+    problem = "%s must be %s between 1 and %d, got %r" % (name, kind, most, value)
+    if isinstance(value, bool):
+        raise AnsibleActionFail(problem)
+    try:
+        number = float(value) if not integer else int(str(value).strip())
+    except (TypeError, ValueError):
+        raise AnsibleActionFail(problem) from None
+    if not math.isfinite(number) or not 0 < number <= most or (not integer and number < 1):
+        raise AnsibleActionFail(problem)
+    return number
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
+
+
+def trigger_of(alert) -> dict:
+    """Who asked for the heal, from the rulebook's event (one Alertmanager alert)."""
+    if not isinstance(alert, Mapping):
+        return {}
+    labels = alert.get("labels") if isinstance(alert.get("labels"), Mapping) else {}
+    meta = alert.get("meta") if isinstance(alert.get("meta"), Mapping) else {}
+    return {"alertname": _text(labels.get("alertname")), "unit": _text(labels.get("unit")),
+            "fingerprint": _text(alert.get("fingerprint")), "starts_at": _text(alert.get("startsAt")),
+            "received_at": _text(meta.get("received_at"))}
+
+
+def check_args(args) -> dict:
+    """The options, checked: one sentence per problem."""
+    problems = []
+    host = args["host"]
+    if not host.strip() or CONTROL.search(host):
+        problems.append("host %r must be an inventory name (not empty, no control characters)" % host)
+    for name in ("path", "metrics_dir"):
+        value = args[name]
+        if name == "metrics_dir" and value == "":
+            continue
+        if not os.path.isabs(value) or CONTROL.search(value):
+            problems.append("%s %r must be an absolute path on the controller" % (name, value))
+    if args["alert"] is not None and not isinstance(args["alert"], Mapping):
+        problems.append("alert must be the rulebook's event (a mapping), got %r" % (args["alert"],))
+    limits = {}
+    for name, integer, most in (("max_heals", True, 1000), ("window_s", False, LONGEST_S), ("quiet_s", False, LONGEST_S)):
+        try:
+            limits[name] = _positive(name, args[name], integer, most)
+        except AnsibleActionFail as exc:
+            problems.append(str(exc.message))
+    if problems:
+        raise AnsibleActionFail("; ".join(problems))
+    return limits
+
+
+def target_problem(host, alert, trigger, configured) -> str:
+    """Why the alert cannot heal `host`: it names another host (or none), or a unit the host is not
+    served with (the heal would reset a host for something the inventory does not manage)."""
+    labels = alert.get("labels") if isinstance(alert, Mapping) and isinstance(alert.get("labels"), Mapping) else {}
+    named = labels.get("host")
+    if named != host:
+        return ("%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)"
+                % (host, "host %r" % (named,) if named not in (None, "") else "no host"))
+    if trigger.get("unit") and configured and trigger["unit"] != configured:
+        return ("%s: the alert %s is about %s, but the host serves %s (inference_service_unit): nothing is healed"
+                % (host, trigger.get("alertname") or "(no name)", trigger["unit"], configured))
+    return ""
+
+
+class ActionModule(ControllerAction):
+    ARGUMENT_SPEC = ARGUMENT_SPEC
+
+    def act(self, args, task_vars, result):
+        limits = check_args(args)
+        path, host, now = args["path"], args["host"], time.time()
+        trigger = trigger_of(args["alert"])
+        configured = args["configured_unit"] or load_spec("inference_service")["inference_service_unit"]["default"]
+        refused = target_problem(host, args["alert"], trigger, configured) if args["state"] == "heal" else ""
+        result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
+        if refused:
+            result.update(allowed=False, open=False, opened=False, reason=refused)
+            return result
+        try:
+            if self._task.check_mode:
+                # Decided on what the file holds now, and nothing written: nothing counted.
+                state = breaker.load(path)
+                if args["state"] == "closed":
+                    result.update(changed=breaker.close(state, host, now)["changed"], open=False)
+                else:
+                    result.update(breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
+                                                       limits["quiet_s"], trigger))
+                    result["changed"] = not result.get("answered")
+                return result
+            with breaker.locked(path) as state:
+                if args["state"] == "closed":
+                    decision = breaker.close(state, host, now)
+                    result.update(changed=decision["changed"], was_open=decision["was_open"], open=False)
+                else:
+                    decision = breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
+                                                    limits["quiet_s"], trigger)
+                    # Every request is recorded (a refused one restarts the quiet period), except an
+                    # alert that an earlier heal already answered.
+                    result.update(decision, changed=not decision.get("answered"))
+                if args["metrics_dir"] and os.path.isdir(args["metrics_dir"]):
+                    try:
+                        breaker.write_metrics(args["metrics_dir"], state, now, limits["window_s"])
+                        result["metrics_written"] = True
+                    except OSError as exc:
+                        # The decision stands: a metrics file is a record, not the breaker.
+                        display.warning("heal_breaker: cannot write %s/%s: %s" % (args["metrics_dir"], breaker.METRICS_FILE, exc))
+        except breaker.BreakerError as exc:
+            raise AnsibleActionFail(str(exc)) from exc
+        if result.get("opened"):
+            # The log line a human alert can fire on (also the metric cleanslate_gpu_heal_breaker_open).
+            display.warning("cleanslate.gpu heal breaker opened: %s" % result["reason"])
+        return result

@@ -1,0 +1,164 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: heal_breaker
+short_description: Decide whether an alert may heal a host, with a circuit breaker kept on the controller
+version_added: 0.2.0
+description:
+  - The first task of the self-healing playbook C(cleanslate.gpu.heal) (docs/self_healing.md). Runs entirely on the
+    controller; it never connects to a target.
+  - With O(state=heal), refuses the heal when the alert (O(alert), the rulebook's event) names another host than
+    O(host), or none, or names a C(unit) label other than the unit the host is served with; then counts it against the
+    host's circuit breaker. At most O(max_heals) heals within O(window_s) seconds; the next request opens the breaker,
+    and every request while it is open is refused and starts the quiet period again. An open breaker closes at the
+    first request O(quiet_s) seconds or more after the previous one, or with O(state=closed).
+  - The state is one JSON file, O(path), changed under an exclusive lock (a C(.lock) file beside it) and written to a
+    temporary name that is renamed over it, so heals of different hosts running at once never lose a count. A file
+    that is not a breaker state is never overwritten; the task fails with one sentence naming it.
+  - After each change, the whole state is written as node_exporter textfile metrics, C(cleanslate_gpu_heal.prom) in
+    O(metrics_dir), when that directory exists.
+  - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted, since that
+    heal answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
+  - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
+author:
+  - cleanslate.gpu maintainers (@cleanslate)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Decides on the state as it is and writes nothing (neither the state nor the metrics).
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  path:
+    description: The breaker's state file on the controller, an absolute path; its directory is created (mode 0700).
+    type: str
+    default: /var/lib/cleanslate-gpu/heal_breaker.json
+  host:
+    description: The inventory name of the host to heal (or whose breaker to close).
+    type: str
+    required: true
+  state:
+    description:
+      - V(heal) decides and counts a heal; V(closed) closes the host's breaker and forgets its heals.
+    type: str
+    choices: [heal, closed]
+    default: heal
+  alert:
+    description:
+      - The alert that asks for the heal, as the rulebook passes it (C(ansible_eda.event)). Its C(labels) (C(host),
+        C(alertname), C(unit)), C(fingerprint), C(startsAt) and C(meta.received_at) are read; anything else is ignored.
+    type: raw
+    default: {}
+  configured_unit:
+    description:
+      - The unit the host is served with; when not given, the C(cleanslate.gpu.inference_service) role's default
+        C(inference_service_unit). An alert with another C(unit) label is refused.
+    type: str
+  max_heals:
+    description: Heals of one host allowed within O(window_s); a whole number from 1 to 1000.
+    type: raw
+    default: 3
+  window_s:
+    description: The breaker's window in seconds, from 1 to 366 days.
+    type: raw
+    default: 3600
+  quiet_s:
+    description: Seconds without a request after which an open breaker closes at the next request; 1 to 366 days.
+    type: raw
+    default: 3600
+  metrics_dir:
+    description:
+      - The controller's node_exporter textfile directory, absolute; V('') or a directory that does not exist writes no
+        metrics file.
+    type: str
+    default: /var/lib/prometheus/node-exporter
+"""
+
+EXAMPLES = r"""
+- name: Count the heal against the host's circuit breaker
+  cleanslate.gpu.heal_breaker:
+    host: "{{ inventory_hostname }}"
+    alert: "{{ ansible_eda.event | default({}) }}"
+    max_heals: 3
+    window_s: 3600
+  delegate_to: localhost
+  register: heal_breaker_decision
+
+- name: Close the breaker of a host a human fixed
+  cleanslate.gpu.heal_breaker:
+    host: gpu-node-07
+    state: closed
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+allowed:
+  description: Whether the heal may run (O(state=heal)).
+  returned: when O(state=heal)
+  type: bool
+  sample: true
+open:
+  description: Whether the host's breaker is open after this request.
+  returned: success
+  type: bool
+  sample: false
+opened:
+  description: Whether this request opened the breaker.
+  returned: when O(state=heal)
+  type: bool
+  sample: false
+closed:
+  description: Whether a quiet period closed the breaker before this request was counted.
+  returned: when the request reached the breaker
+  type: bool
+  sample: false
+heals:
+  description: The host's heals within the window, this one included when allowed.
+  returned: when the request reached the breaker
+  type: int
+  sample: 1
+reason:
+  description: Why the heal was refused (one sentence); empty when allowed.
+  returned: when O(state=heal)
+  type: str
+  sample: gpu-node-07 was healed 3 times within 3600 s, the breaker is open, healing it stopped and the node is left as it is
+    for a human
+trigger:
+  description: Who asked for the heal, from O(alert).
+  returned: success
+  type: dict
+  sample: {"alertname": "CleanslateGpuEngineDown", "fingerprint": "5c3a1e2f9d0b7a64", "unit": "", "starts_at": "2026-12-02T01:00:00Z",
+           "received_at": "2026-12-02T01:00:03.120Z"}
+answered:
+  description: True when the alert began before the host's last heal started (that heal answered it); nothing is counted.
+  returned: when an earlier heal answered the alert
+  type: bool
+  sample: true
+was_open:
+  description: Whether the breaker was open before O(state=closed).
+  returned: when O(state=closed)
+  type: bool
+  sample: true
+metrics_written:
+  description: Whether C(cleanslate_gpu_heal.prom) was written.
+  returned: success
+  type: bool
+  sample: true
+"""

@@ -1,0 +1,208 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The self-healing circuit breaker (docs/self_healing.md): its state on the controller, one JSON
+file, and the decision for each heal an alert asks for. Private to this collection.
+
+The rulebook runs heals for different hosts at the same time, each in its own ansible-playbook:
+every change reads, decides and rewrites the whole file under an exclusive lock (flock on a
+file beside it), so one host's count never overwrites another's, and the new text goes to a
+temporary name that is renamed over the old file, so a crash mid-write leaves the old state.
+A file that is not the breaker's state is never overwritten: the heal is refused instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import render, write_atomically
+
+METRICS_FILE = "cleanslate_gpu_heal.prom"
+# What an entry keeps of the alert that asked for a heal: who triggered it.
+TRIGGER_KEYS = ("alertname", "fingerprint", "unit", "received_at", "starts_at")
+STARTS_AT = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)\Z")
+
+
+class BreakerError(RuntimeError):
+    """The state cannot be read or written; the message is one sentence naming the file."""
+
+
+def _empty_entry() -> dict:
+    return {"heals": [], "open": False, "opened_at": None, "reason": "", "last_request_at": None, "refused": 0}
+
+
+def _valid(state) -> bool:
+    if not isinstance(state, dict) or not isinstance(state.get("hosts"), dict):
+        return False
+    return all(isinstance(entry, dict) and isinstance(entry.get("heals"), list) and isinstance(entry.get("open"), bool)
+               for entry in state["hosts"].values())
+
+
+def load(path: str) -> dict:
+    """The state in `path`; a missing file is a fresh state."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except FileNotFoundError:
+        return {"hosts": {}}
+    except (OSError, ValueError) as exc:
+        raise BreakerError("the heal breaker's state %s cannot be read (%s): nothing is healed until it is fixed or removed"
+                           % (path, exc)) from exc
+    if not _valid(state):
+        raise BreakerError("the heal breaker's state %s is not a breaker state (a JSON object with `hosts`): nothing is "
+                           "healed until it is fixed or removed" % path)
+    return state
+
+
+def _save(path: str, state: dict) -> None:
+    directory = os.path.dirname(path)
+    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(state, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+@contextmanager
+def locked(path: str):
+    """The state of `path`, held under an exclusive lock; what the block leaves in it is saved
+    (unless the block raised)."""
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise BreakerError("the heal breaker's state %s cannot be locked: %s" % (path, exc)) from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = load(path)
+        yield state
+        try:
+            _save(path, state)
+        except OSError as exc:
+            raise BreakerError("the heal breaker's state %s cannot be written: %s" % (path, exc)) from exc
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def alert_start(text) -> float | None:
+    """Alertmanager's startsAt (RFC 3339, nanoseconds, `Z`) as seconds; None when it is no time."""
+    match = STARTS_AT.match(str(text or ""))
+    if not match:
+        return None
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    try:
+        # Python keeps microseconds: the nanoseconds beyond them are cut.
+        return datetime.datetime.fromisoformat(match.group(1) + (match.group(2) or "")[:7] + zone).timestamp()
+    except ValueError:
+        return None
+
+
+def _utc(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _close(entry: dict, now: float, why: str) -> None:
+    entry.update(open=False, opened_at=None, reason=why, heals=[], last_request_at=now, refused=0)
+
+
+def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: float, quiet_s: float,
+                 trigger: dict) -> dict:
+    """Count a heal of `host` asked for at `now`; {allowed, open, opened (this request opened it),
+    closed (a quiet period closed it first), heals (in the window, this one included), reason}.
+
+    At most `max_heals` heals within `window_s` seconds; the next request opens the breaker, and
+    every request while it is open is refused. An open breaker closes at the first request that
+    comes `quiet_s` seconds or more after the previous one (the alert stayed quiet that long), or by
+    close(): a host that keeps crashing keeps it open, so no reset loop ever starts again by itself."""
+    entry = state["hosts"].setdefault(host, _empty_entry())
+    closed = False
+    if entry["open"]:
+        last = entry.get("last_request_at") or 0
+        if now - last < quiet_s:
+            entry["last_request_at"] = now
+            entry["refused"] = int(entry.get("refused") or 0) + 1
+            return {"allowed": False, "open": True, "opened": False, "closed": False, "heals": len(entry["heals"]),
+                    "reason": entry["reason"]}
+        _close(entry, now, "closed: no alert for %g s (the quiet period)" % quiet_s)
+        closed = True
+    recent = [heal for heal in entry["heals"] if isinstance(heal, dict) and now - float(heal.get("at", 0)) < window_s]
+    # An alert that began before the host's last heal started is the outage that heal answered
+    # (Alertmanager's repeat, the other down alert of the same crash, queued behind the lock while
+    # the heal ran): not a new crash, so neither a heal nor a count.
+    began, last_heal = alert_start(trigger.get("starts_at")), entry.get("last_heal_at")
+    if began is not None and last_heal is not None and began < float(last_heal):
+        return {"allowed": False, "open": False, "opened": False, "closed": closed, "heals": len(recent), "answered": True,
+                "reason": "%s: not healed again, the alert %s began before the heal that started at %s"
+                          % (host, trigger.get("alertname") or "(no name)", _utc(float(last_heal)))}
+    entry["last_request_at"] = now
+    if len(recent) >= max_heals:
+        entry.update(heals=recent, open=True, opened_at=now, refused=1, reason=(
+            "%s was healed %d times within %g s: the breaker is open, healing it stopped and the node is left as it is "
+            "for a human (it closes after %g s without an alert, or by the close command)"
+            % (host, len(recent), window_s, quiet_s)))
+        return {"allowed": False, "open": True, "opened": True, "closed": closed, "heals": len(recent),
+                "reason": entry["reason"]}
+    heal = {"at": now}
+    heal.update({key: trigger[key] for key in TRIGGER_KEYS if trigger.get(key) not in (None, "")})
+    entry.update(heals=recent + [heal], reason="", last_heal_at=now)
+    return {"allowed": True, "open": False, "opened": False, "closed": closed, "heals": len(recent) + 1, "reason": ""}
+
+
+def close(state: dict, host: str, now: float) -> dict:
+    """Close the breaker of `host` by hand and forget its heals; {changed, was_open}."""
+    entry = state["hosts"].get(host)
+    if entry is None or (not entry["open"] and not entry["heals"]):
+        return {"changed": False, "was_open": False}
+    was_open = entry["open"]
+    _close(entry, now, "closed by the close command")
+    return {"changed": True, "was_open": was_open}
+
+
+def metric_families(state: dict, now: float, window_s: float) -> list:
+    """Every host's breaker as textfile metric families (docs/observability.md)."""
+    open_, recent, opened, last = [], [], [], []
+    for host in sorted(state["hosts"]):
+        entry = state["hosts"][host]
+        labels = {"host": host}
+        open_.append({"labels": labels, "value": 1 if entry["open"] else 0})
+        heals = [heal for heal in entry["heals"] if isinstance(heal, dict)]
+        recent.append({"labels": labels, "value": sum(1 for heal in heals if now - float(heal.get("at", 0)) < window_s)})
+        if entry["open"] and entry.get("opened_at"):
+            opened.append({"labels": labels, "value": float(entry["opened_at"])})
+        if heals:
+            newest = heals[-1]
+            last.append({"labels": dict(labels, alertname=str(newest.get("alertname", "")),
+                                        fingerprint=str(newest.get("fingerprint", ""))), "value": float(newest["at"])})
+    return [
+        {"name": "cleanslate_gpu_heal_breaker_open", "type": "gauge", "samples": open_,
+         "help": "1 while the heal circuit breaker of the host is open: no heal runs, a human must look"},
+        {"name": "cleanslate_gpu_heal_recent_heals", "type": "gauge", "samples": recent,
+         "help": "Heals of the host within the breaker's window"},
+        {"name": "cleanslate_gpu_heal_breaker_opened_timestamp_seconds", "type": "gauge", "samples": opened,
+         "help": "When the host's heal breaker opened"},
+        {"name": "cleanslate_gpu_heal_last_timestamp_seconds", "type": "gauge", "samples": last,
+         "help": "When the last heal of the host started, with the alert that triggered it"},
+    ]
+
+
+def write_metrics(directory: str, state: dict, now: float, window_s: float) -> None:
+    """The whole state as one textfile (mode 0644, for node_exporter's user), written atomically."""
+    write_atomically(directory, METRICS_FILE, render(metric_families(state, now, window_s)), 0o644)

@@ -1,0 +1,149 @@
+"""The self-healing loop's parts for the tests (docs/self_healing.md): the shipped rulebook run by
+ansible-rulebook from its own venv (build/venvs/rulebook, `make rulebook`), Alertmanager's
+webhook payloads, and Debian's Alertmanager with a route to the rulebook."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULEBOOK_VENV = REPO / "build" / "venvs" / "rulebook"
+RULEBOOK = REPO / "extensions" / "eda" / "rulebooks" / "heal.yml"
+TOKEN = "t0ken-for-the-heal-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alert(host, name="CleanslateGpuEngineDown", status="firing", fingerprint=None, **labels) -> dict:
+    """One alert as Alertmanager's webhook (payload version 4) lists it."""
+    return {"status": status, "labels": dict(alertname=name, host=host, severity="critical", **labels),
+            "annotations": {"summary": "down"}, "startsAt": "2026-12-02T01:00:00Z",
+            "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "http://prometheus/graph",
+            "fingerprint": fingerprint or "%016x" % (abs(hash((host, name))) % 2 ** 64)}
+
+
+def payload(*alerts, status="firing") -> dict:
+    return {"version": "4", "groupKey": "{}:{}", "truncatedAlerts": 0, "status": status, "receiver": "heal",
+            "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://alertmanager",
+            "alerts": list(alerts)}
+
+
+def rulebook_missing() -> str:
+    if not (RULEBOOK_VENV / "bin" / "ansible-rulebook").exists():
+        return "ansible-rulebook is not installed in %s (make rulebook)" % RULEBOOK_VENV
+    if not shutil.which("java"):
+        return "ansible-rulebook needs Java 17 (Debian: openjdk-17-jre-headless)"
+    return ""
+
+
+class Rulebook:
+    """ansible-rulebook running `rulebook` (the shipped one by default) on a free port, with an
+    inventory directory (copied whole at each run, host_vars included)."""
+
+    def __init__(self, workdir: Path, inventory_dir: Path, hosts, rulebook: Path = RULEBOOK):
+        missing = rulebook_missing()
+        if missing:
+            pytest.fail(missing)  # a failure, not a skip: CI must not go green without the loop's parts
+        self.workdir, self.port = workdir, free_port()
+        self.vars = workdir / "heal_vars.yml"
+        self.vars.write_text(yaml.safe_dump({"heal_webhook_host": "127.0.0.1", "heal_webhook_port": self.port,
+                                             "heal_webhook_token": TOKEN, "heal_hosts": list(hosts)}))
+        env = dict(os.environ, PATH="%s:%s" % (RULEBOOK_VENV / "bin", os.environ["PATH"]),
+                   ANSIBLE_COLLECTIONS_PATH=str(REPO / ".ansible" / "collections"),
+                   ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_RESULT_FORMAT="yaml")
+        self.log_path = workdir / "rulebook.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115  # closed in stop()
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [str(RULEBOOK_VENV / "bin" / "ansible-rulebook"), "-r", str(rulebook), "-i", str(inventory_dir),
+             "--vars", str(self.vars), "-vv"], cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.text()[-3000:]
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail("the rulebook's webhook did not listen within 90 s:\n" + self.text()[-3000:])
+
+    def text(self) -> str:
+        return self.log_path.read_bytes().decode("utf-8", "replace")
+
+    def post(self, body, token=TOKEN) -> int:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = "Bearer " + token
+        request = urllib.request.Request("http://127.0.0.1:%d/alerts" % self.port, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def runs(self) -> int:
+        """Playbook runs started so far (ansible-rulebook says each one's job start)."""
+        return self.text().count("Calling Ansible runner")
+
+    def finished(self) -> int:
+        """Playbook runs ended so far."""
+        return self.text().count("Ansible runner rc:")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        self.log.close()
+
+
+class Alertmanager:
+    """Debian's prometheus-alertmanager routing every alert to the rulebook's webhook, fast."""
+
+    def __init__(self, workdir: Path, webhook_port: int):
+        self.port = free_port()
+        config = {
+            "route": {"receiver": "heal", "group_by": ["alertname", "host"], "group_wait": "0s",
+                      "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "heal", "webhook_configs": [{
+                "url": "http://127.0.0.1:%d/alerts" % webhook_port, "send_resolved": True,
+                "http_config": {"authorization": {"credentials": TOKEN}}}]}],
+        }
+        path = workdir / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config))
+        self.log = open(workdir / "alertmanager.log", "wb")  # noqa: SIM115  # closed in stop()
+        binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+        if not binary:
+            pytest.fail("prometheus-alertmanager is not installed (tools/install_os_deps.sh)")
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [binary, "--config.file=%s" % path, "--storage.path=%s" % (workdir / "alertmanager-data"),
+             "--web.listen-address=127.0.0.1:%d" % self.port, "--cluster.listen-address="],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.log.close()

@@ -1,0 +1,236 @@
+"""Self-healing end to end with the real parts, all local (issue 28, docs/self_healing.md):
+two fleet hosts (nspawn, real systemd) served by the stand-in engine; Debian's Prometheus scraping
+the engines' /metrics and evaluating the shipped rules; Debian's Alertmanager routing the alerts to
+the shipped rulebook's webhook; ansible-rulebook (its own venv) running cleanslate.gpu.heal.
+
+Two test-only changes, both copies made here: the rules' `for:` durations are set to 1s (shipped:
+2 minutes), and the rulebook's throttle to 5 seconds (shipped: 10 minutes). The engine crashes with
+SIGKILL; the unit's RestartSec is an hour, so systemd does not bring it back by itself.
+
+Crash node1: with no step of the test's the host is reset and answers a completion again; the
+times of each part are printed. Crash node1 and node2 together: both heal, each on its own. Crash
+node1 a third time: the breaker (2 heals per hour here) opens and nothing more is run for it."""
+from __future__ import annotations
+
+import datetime
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.fleet import engines
+from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook
+from tests.integration.test_inference_service_fleet import UNIT, base_vars
+from tests.integration.test_observe_fleet import free_port, get, wait_for
+
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
+HOSTS = ("node1", "node2")
+MAX_HEALS = 2
+
+
+def short_rules(path: Path) -> Path:
+    """The shipped rules with every `for:` at 1s (the test's only change to them)."""
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "1s"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return path
+
+
+def short_throttle(path: Path) -> Path:
+    rulebook = yaml.safe_load(RULEBOOK.read_text())
+    for rule in rulebook[0]["rules"]:
+        rule["throttle"]["once_within"] = "5 seconds"
+    path.write_text(yaml.safe_dump(rulebook, sort_keys=False))
+    return path
+
+
+class Loop:
+    def __init__(self, fleet, workdir: Path):
+        self.fleet, self.workdir = fleet, workdir
+        self.inventory = workdir / "inventory"
+        (self.inventory / "host_vars").mkdir(parents=True)
+        (workdir / "metrics").mkdir()
+        shutil.copy(fleet.inventory, self.inventory / "hosts.yml")
+        (self.inventory / "group_vars").mkdir()
+        (self.inventory / "group_vars" / "gpu_nodes.yml").write_text(yaml.safe_dump({
+            "heal_state_path": str(workdir / "state" / "breaker.json"), "heal_metrics_dir": str(workdir / "metrics"),
+            "heal_max_heals": MAX_HEALS, "fleet_report_path": str(workdir / "reports")}))
+        for host in HOSTS:
+            values = dict(base_vars("node3"), inference_service_restart_sec=3600)
+            (self.inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))
+        self.procs = []
+        self.prometheus_port = free_port()
+
+    def address(self, host):
+        return self.fleet.hosts[host].address
+
+    def serve(self):
+        proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(self.inventory),
+                               "-l", ",".join(HOSTS)], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stdout[-6000:]
+
+    def start(self):
+        self.rulebook = Rulebook(self.workdir, self.inventory, HOSTS, short_throttle(self.workdir / "heal.yml"))
+        self.procs.append(self.rulebook)
+        self.alertmanager = Alertmanager(self.workdir, self.rulebook.port)
+        self.procs.append(self.alertmanager)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "rule_files": [str(short_rules(self.workdir / "rules.yml"))],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:%d" % self.alertmanager.port]}]}]},
+            "scrape_configs": [{"job_name": "cleanslate_gpu_engine", "static_configs": [
+                {"targets": [f"{self.address(host)}:8000"], "labels": {"host": host}} for host in HOSTS]}],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115  # the process's own output, kept open with it
+        self.prometheus = subprocess.Popen(  # pylint: disable=consider-using-with
+            [shutil.which("prometheus"), f"--config.file={self.workdir / 'prometheus.yml'}",
+             f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prometheus_port}"],
+            stdout=log, stderr=subprocess.STDOUT)
+        wait_for("Prometheus ready", lambda: "Ready" in get(f"http://127.0.0.1:{self.prometheus_port}/-/ready"), timeout=60)
+
+    def stop(self):
+        if getattr(self, "prometheus", None) and self.prometheus.poll() is None:
+            self.prometheus.terminate()
+            self.prometheus.wait(timeout=30)
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    def firing(self, host) -> float:
+        """When Prometheus's EngineDown alert of `host` fired (its activeAt plus the copy's `for:` of
+        1 s, Prometheus's own clock), 0 while it does not."""
+        found = json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"))["data"]["alerts"]
+        return next((stamp(a["activeAt"]) + 1 for a in found if a["labels"].get("alertname") == "CleanslateGpuEngineDown"
+                     and a["labels"].get("host") == host and a["state"] == "firing"), 0)
+
+    def up(self, host) -> bool:
+        query = urllib.parse.urlencode({"query": 'up{job="cleanslate_gpu_engine",host="%s"} == 1' % host})
+        return bool(json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + query))["data"]["result"])
+
+    def completes(self, host) -> bool:
+        base = f"http://{self.address(host)}:8000"
+        try:
+            model = json.loads(get(base + "/v1/models", timeout=3))["data"][0]["id"]
+            body = json.dumps({"model": model, "prompt": "Say something", "max_tokens": 8}).encode()
+            request = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return bool(json.loads(response.read())["choices"])
+        except (OSError, ValueError, KeyError, IndexError):
+            return False
+
+    def crash(self, host) -> float:
+        self.fleet.run(host, ["systemctl", "kill", "--signal=SIGKILL", UNIT])
+        return time.time()
+
+    def breaker(self) -> dict:
+        path = self.workdir / "state" / "breaker.json"
+        return json.loads(path.read_text())["hosts"] if path.exists() else {}
+
+    def heal_reports(self) -> list:
+        """The fleet reports of the runs the rulebook started."""
+        documents = [json.loads(path.read_text()) for path in sorted((self.workdir / "reports").glob("reset_and_serve-*.json"))]
+        return [document for document in documents if "trigger" in document]
+
+    def heals(self, host) -> list:
+        return self.breaker().get(host, {}).get("heals", [])
+
+
+def report_time(text: str) -> float:
+    """A report's stamp (UTC, to the second) as seconds, rounded up: the report was written in that second."""
+    return datetime.datetime.strptime(text, "%Y%m%dT%H%M%SZ").replace(tzinfo=datetime.timezone.utc).timestamp() + 1
+
+
+def stamp(iso: str) -> float:
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.fixture(scope="module")
+def loop(fleet_session, tmp_path_factory):
+    fleet = fleet_session
+    for host in HOSTS:
+        if not fleet.hosts[host].running():
+            fleet.boot(host)
+        engines.install(fleet.hosts[host].root)
+    state = Loop(fleet, tmp_path_factory.mktemp("heal"))
+    try:
+        state.serve()
+        state.start()
+        yield state
+    finally:
+        state.stop()
+        for host in HOSTS:
+            if fleet.hosts[host].running():
+                fleet.run(host, ["systemctl", "disable", "--now", UNIT], check=False, timeout=120)
+                fleet.run(host, ["sh", "-c", f"rm -rf /etc/systemd/system/{UNIT} /etc/cleanslate /dev/shm/nccl-standin-*; "
+                                             f"systemctl daemon-reload; systemctl reset-failed {UNIT}"], check=False)
+            engines.uninstall(fleet.hosts[host].root)
+
+
+def heal_once(loop, host, crashed_at, heals_before) -> dict:
+    """Wait for the heal of a crash; the times of its parts, in seconds after the crash."""
+    fired = wait_for(f"{host}: the alert firing", lambda: loop.firing(host), timeout=60, interval=0.2)
+    wait_for(f"{host}: the heal counted", lambda: len(loop.heals(host)) > heals_before, timeout=120)
+    ready = wait_for(f"{host}: a completion again", lambda: loop.completes(host) and time.time(), timeout=300, interval=0.5)
+    heal = loop.heals(host)[-1]
+    parts = {"alert firing": fired - crashed_at, "rulebook receives": stamp(heal["received_at"]) - crashed_at,
+             "playbook starts": heal["at"] - crashed_at, "server ready": ready - crashed_at}
+    print("%s heal %d: %s" % (host, heals_before + 1, ", ".join("%s %.1f s" % item for item in parts.items())))
+    assert heal["alertname"] == "CleanslateGpuEngineDown" and heal["fingerprint"]
+    assert list(parts.values()) == sorted(parts.values()), parts
+    return parts
+
+
+def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
+    for host in HOSTS:
+        wait_for(f"{host} scraped up", lambda host=host: loop.up(host), timeout=60)
+    assert not loop.breaker()
+
+    # One crash: reset and served again with nobody's help.
+    first = heal_once(loop, "node1", loop.crash("node1"), 0)
+    # The server answers before the run ends (the gate, the metrics, then the report).
+    (document,) = wait_for("the heal's report", loop.heal_reports, timeout=120)
+    assert document["trigger"]["alertname"] == "CleanslateGpuEngineDown", document.get("trigger")
+    assert document["trigger"]["fingerprint"] == loop.heals("node1")[0]["fingerprint"]
+    (row,) = document["hosts"]
+    assert row["host"] == "node1" and row["status"] == "ok" and row["service"]["status"] == "ready", row
+    wait_for("node1's alert resolved", lambda: not loop.firing("node1"), timeout=60)
+
+    # Both hosts crash at once: each is healed, on its own (one lock per host).
+    crashed = {host: loop.crash(host) for host in HOSTS}
+    second = heal_once(loop, "node1", crashed["node1"], 1)
+    other = heal_once(loop, "node2", crashed["node2"], 0)
+    wait_for("both alerts resolved", lambda: not loop.firing("node1") and not loop.firing("node2"), timeout=60)
+    # In parallel: each heal started before the other's run ended (its report is written last).
+    reports = wait_for("both heals' reports", lambda: len(loop.heal_reports()) == 3 and loop.heal_reports(), timeout=120)
+    ended = {document["hosts"][0]["host"]: report_time(document["time"]) for document in reports[1:]}
+    started = {host: loop.heals(host)[-1]["at"] for host in HOSTS}
+    assert started["node1"] < ended["node2"] and started["node2"] < ended["node1"], (started, ended)
+    runs_before = loop.rulebook.runs()
+
+    # The third crash of node1 within the window: the breaker opens, nothing is reset, node1 stays down.
+    loop.crash("node1")
+    wait_for("the breaker open", lambda: loop.breaker().get("node1", {}).get("open"), timeout=120)
+    wait_for("the refused run ended", lambda: loop.rulebook.finished() == runs_before + 1, timeout=300)
+    time.sleep(10)
+    assert loop.rulebook.runs() == runs_before + 1, loop.rulebook.text()[-4000:]
+    assert len(loop.heal_reports()) == 3  # no reset_and_serve ran
+    assert len(loop.heals("node1")) == MAX_HEALS and not loop.completes("node1")
+    assert loop.fleet.run("node1", ["systemctl", "is-active", UNIT], check=False).stdout.strip() != "active"
+    metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
+    assert 'cleanslate_gpu_heal_breaker_open{host="node1"} 1' in metrics and \
+        'cleanslate_gpu_heal_breaker_open{host="node2"} 0' in metrics, metrics
+    assert "cleanslate.gpu heal breaker opened: node1 was healed 2 times within 3600 s" in loop.rulebook.text()
+    assert loop.rulebook.alive()
+    print("recovery (crash -> completion): %.1f s, %.1f s; node2 %.1f s" % (
+        first["server ready"], second["server ready"], other["server ready"]))

@@ -1,0 +1,153 @@
+"""The shipped rulebook (extensions/eda/rulebooks/heal.yml) run by the real ansible-rulebook, fed
+Alertmanager's webhook payloads directly: what starts a heal and what never does, without a
+fleet. The hosts of the inventory point at a closed port on this machine, so a heal that starts
+reaches the breaker on the controller and then finds its host unreachable: nothing can be touched.
+The whole loop with the real Prometheus, Alertmanager and fleet: test_heal_fleet.py."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.heal import REPO, Rulebook, alert, payload
+
+ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+
+
+def wait_until(what, probe, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():
+            return
+        time.sleep(0.3)
+    pytest.fail("%s: not within %d s" % (what, timeout))
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("heal")
+    inventory = workdir / "inventory"
+    inventory.mkdir()
+    (workdir / "metrics").mkdir()
+    (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
+        "hosts": {"node1": None, "node2": None, "node3": None},
+        "vars": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_python_interpreter": "/usr/bin/python3",
+                 "heal_state_path": str(workdir / "state" / "breaker.json"),
+                 "heal_metrics_dir": str(workdir / "metrics"), "fleet_report_path": str(workdir / "reports")}}}}}))
+    rulebook = Rulebook(workdir, inventory, hosts=["node1", "node2"])
+    rulebook.workdir, rulebook.inventory = workdir, inventory
+    try:
+        yield rulebook
+    finally:
+        rulebook.stop()
+
+
+def state(loop) -> dict:
+    path = loop.workdir / "state" / "breaker.json"
+    return json.loads(path.read_text())["hosts"] if path.exists() else {}
+
+
+def test_bad_payloads_and_hosts_start_nothing_and_the_rulebook_lives_on(loop):
+    posts = [
+        payload(alert("node9")),  # not in the inventory
+        payload(alert("node3")),  # in the inventory, not in heal_hosts
+        payload(alert("node1", status="resolved")),  # resolved: nothing to do
+        payload(alert("node1", name="CleanslateGpuAcceptanceLow")),  # not a down alert, not labelled for healing
+        payload(alert("node1", cleanslate_heal="false", name="SomeoneElses")),
+        payload(dict(alert("node1"), labels={"alertname": "CleanslateGpuEngineDown"})),  # no host label
+        payload(dict(alert("node1"), labels={"alertname": "CleanslateGpuEngineDown", "host": ["node1"]})),
+        payload(dict(alert("node1"), status="FIRING\n")),
+        b"not json", b"\xff\xfe{", b"", b"[1, 2]", b"null", b'{"alerts": "node1"}', b'{"alerts": {"host": "node1"}}',
+        b'{"alerts": [1, null, "s", {"labels": 5}, {"status": "firing", "labels": null}]}',
+        b'{"version": "4", "alerts": [{"status": "firing", "labels": {"alertname": "CleanslateGpuEngineDown", "host": "node1\\n"}}]}',
+        b'{"version": "4", "alerts": [{"status": "firing", "labels": {"alertname": "CleanslateGpuEngineDown", "host": "node1 "}}]}',
+        json.dumps(payload(*[alert("node%d" % n) for n in range(100, 400)])).encode(),
+    ]
+    for body in posts:
+        loop.post(body)
+    # The right alert without the token, and with a wrong one: refused at the door.
+    assert loop.post(payload(alert("node1")), token=None) == 401
+    assert loop.post(payload(alert("node1")), token="guess") == 401
+    assert loop.alive(), loop.text()[-3000:]
+    # Events are handled in order: once a good alert (node2's) has run, every earlier one was seen.
+    assert loop.post(payload(alert("node2"))) == 200
+    wait_until("node2's heal", lambda: loop.finished() >= 1)
+    time.sleep(2)
+    assert loop.alive(), loop.text()[-3000:]
+    assert loop.runs() == 1, loop.text()[-5000:]
+    assert list(state(loop)) == ["node2"]
+
+
+def test_a_flood_of_duplicates_starts_one_run_that_names_its_alert(loop):
+    before = loop.runs()
+    first = alert("node1", fingerprint="f100000000000001")
+    # Alertmanager's repeats, both down alerts of one crash, and a replay in one batch.
+    for dummy in range(25):
+        loop.post(payload(first, alert("node1", name="CleanslateGpuServerDown", unit="inference-server.service")))
+        loop.post(payload(first, first))
+    wait_until("node1's heal", lambda: loop.finished() >= before + 1)
+    time.sleep(3)
+    assert loop.runs() == before + 1, loop.text()[-5000:]
+    (heal,) = state(loop)["node1"]["heals"]
+    assert heal["alertname"] == "CleanslateGpuEngineDown" and heal["fingerprint"] == "f100000000000001"
+    reports = sorted((loop.workdir / "reports").glob("reset_and_serve-*.json"))
+    triggers = [json.loads(path.read_text()).get("trigger") for path in reports]
+    assert {"by": "cleanslate.gpu.heal", "alertname": "CleanslateGpuEngineDown", "fingerprint": "f100000000000001",
+            "starts_at": "2026-12-02T01:00:00Z", "heals_in_window": 1} in triggers, triggers
+    metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
+    assert 'cleanslate_gpu_heal_last_timestamp_seconds{alertname="CleanslateGpuEngineDown",fingerprint="f100000000000001",host="node1"}' \
+        in metrics
+
+
+def play_heal(loop, *extra):
+    return subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/heal.yml", "-i", str(loop.inventory), *extra],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_heal_by_hand_without_an_alert_touches_no_host(loop):
+    before = state(loop)
+    proc = play_heal(loop)
+    assert proc.returncode != 0
+    for host in ("node1", "node2", "node3"):
+        assert "%s: not healed, the alert names no host" % host in proc.stdout, proc.stdout[-3000:]
+    assert "PLAY [Reset and serve]" not in proc.stdout and state(loop) == before
+
+
+def test_an_alert_for_another_host_or_unit_heals_nothing(loop):
+    before = state(loop)
+    event = {"event": alert("node2", name="CleanslateGpuServerDown", unit="sshd.service")}
+    proc = play_heal(loop, "-l", "node2", "-e", json.dumps({"ansible_eda": event}))
+    assert proc.returncode != 0
+    assert ("node2: the alert CleanslateGpuServerDown is about sshd.service, but the host serves "
+            "inference-server.service (inference_service_unit): nothing is healed") in proc.stdout, proc.stdout[-3000:]
+    proc = play_heal(loop, "-l", "node1", "-e", json.dumps({"ansible_eda": event}))
+    assert "node1: not healed, the alert names host 'node2'" in proc.stdout, proc.stdout[-3000:]
+    assert state(loop) == before
+
+
+@pytest.mark.parametrize("name, value", [("heal_max_heals", "nan"), ("heal_window_s", "-1"), ("heal_quiet_s", "inf")])
+def test_bad_breaker_settings_refuse_the_heal_with_one_sentence(loop, name, value):
+    before = state(loop)
+    event = {"event": alert("node2")}
+    proc = play_heal(loop, "-l", "node2", "-e", json.dumps({"ansible_eda": event, name: value}))
+    assert proc.returncode != 0
+    option = name[len("heal_"):]
+    assert "%s must be" % option in proc.stdout and "got %r" % value in proc.stdout, proc.stdout[-3000:]
+    assert "PLAY [Reset and serve]" not in proc.stdout and state(loop) == before
+
+
+def test_the_close_command_forgets_the_hosts_heals_and_touches_nothing_else(loop):
+    assert state(loop)["node1"]["heals"]  # the flood's heal
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/heal_breaker_close.yml", "-i", str(loop.inventory), "-l", "node1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "changed=1" in proc.stdout, proc.stdout[-3000:]
+    after = state(loop)
+    assert after["node1"]["heals"] == [] and not after["node1"]["open"]
+    assert after["node2"]["heals"], after  # another host's count is kept
+    metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
+    assert 'cleanslate_gpu_heal_recent_heals{host="node1"} 0' in metrics, metrics
