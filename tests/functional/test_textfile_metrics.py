@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -225,3 +226,37 @@ def test_a_crash_before_the_rename_leaves_no_prom_file_and_the_old_one_whole(tmp
     assert len(temporary) == 1 and not temporary[0].endswith(".prom") and temporary[0].startswith("."), names
     assert 'cleanslate_gpu_run_ok{host="n"} 0' in (tmp_path / temporary[0]).read_text()
     assert (tmp_path / "cleanslate_gpu_t.prom").read_bytes() == before
+    # The killed writer's temporary does not stay forever: the next write (a new value) removes it.
+    result = write(tmp_path, [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 2}])])
+    assert result["removed_temporaries"] == temporary, result
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["cleanslate_gpu_t.prom"]
+
+
+def test_the_next_write_removes_a_crashed_writers_temporary_and_nothing_else(tmp_path):
+    """A write killed between write and rename left its temporary behind: the next write removes
+    it, and keeps a live writer's recent temporary, other files' temporaries and look-alikes."""
+    good = [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 1}])]
+    assert write(tmp_path, good)["written"]
+    # A writer that ran and died: a real process, reaped, so its pid and start time name nobody now.
+    dead = subprocess.Popen(["sleep", "0"])
+    dead_starttime = int(Path("/proc/%d/stat" % dead.pid).read_text().rsplit(")", 1)[1].split()[19])
+    dead.wait()
+    live_starttime = int(Path("/proc/%d/stat" % os.getpid()).read_text().rsplit(")", 1)[1].split()[19])
+    crashed = ".cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime)
+    live = ".cleanslate_gpu_t.prom.%d-%d.e5f6g7h8.tmp" % (os.getpid(), live_starttime)
+    old_live = ".cleanslate_gpu_t.prom.%d-%d.oldoldol.tmp" % (os.getpid(), live_starttime)
+    others = [".cleanslate_gpu_t2.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # another file's
+              ".cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp.keep" % (dead.pid, dead_starttime),
+              "cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # not hidden: not ours
+              ".cleanslate_gpu_t.prom.x-y.a1b2c3d4.tmp", "other.prom"]
+    for name in [crashed, live, old_live] + others:
+        (tmp_path / name).write_text("half\n")
+    # Older than any write takes: its writer's pid may have been reused since.
+    os.utime(tmp_path / old_live, (time.time() - 2 * 3600,) * 2)
+    result = write(tmp_path, [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 0}])])
+    assert result["written"] and sorted(result["removed_temporaries"]) == sorted([crashed, old_live]), result
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted(["cleanslate_gpu_t.prom", live] + others)
+    assert 'cleanslate_gpu_run_ok{host="n"} 0' in (tmp_path / "cleanslate_gpu_t.prom").read_text()
+    # Check mode removes nothing.
+    (tmp_path / crashed).write_text("half\n")
+    assert not write(tmp_path, good, check=True)["written"] and (tmp_path / crashed).exists()
