@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.run_module import run_module
 from tests.syscall_gate import SyscallGate
 
-HOSTILE = ['quote " here', "back\\slash", "new\nline", "at @ slash / pct % dollar $", "{brace}=,", "\udcff\udcfe raw"]
+HOSTILE = ['quote " here', "back\\slash", "not a newline \\n, a trailing \\", "new\nline", "at @ slash / pct % dollar $", "{brace}=,", "\udcff\udcfe raw"]
 
 
 def family(name, samples, **extra):
@@ -281,6 +281,8 @@ def test_the_next_write_removes_a_crashed_writers_temporary_and_nothing_else(tmp
     # A live pid with another start time: the writer died and its pid was reused.
     reused = ".cleanslate_gpu_t.prom.%d-%d.reusedxx.tmp" % (os.getpid(), live_starttime + 1)
     others = [".cleanslate_gpu_t2.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # another file's
+              # the temporary of another file whose name begins with this one's whole name
+              ".cleanslate_gpu_t.prom.old.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),
               ".cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp.keep" % (dead.pid, dead_starttime),
               "cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # not hidden: not ours
               ".cleanslate_gpu_t.prom.x-y.a1b2c3d4.tmp", "other.prom"]
