@@ -219,3 +219,21 @@ def test_the_docs_metrics_table_names_exactly_what_the_filter_writes():
                      metric_families(service_result(), "inference_service", "n1", min_acceptance_rate=0.3)["families"]):
         written |= {fam["name"] for fam in families if fam["samples"] or fam["keep_previous"]}
     assert documented == written, {"documented, never written": documented - written, "written, not documented": written - documented}
+
+
+def test_a_refused_configuration_is_invalid_and_starts_the_failure():
+    """reset_and_serve.yml's first play refuses a host before anything is touched: its service
+    file says `invalid` (the serve-failed alert's status), keeps the last success and starts
+    failing_since, and measured nothing."""
+    refused = {"host": "node1", "engine": "vllm", "unit": "inference-server.service", "status": "failed", "ok": False,
+               "stage": "validate", "changed": False, "reason": "inference_service_port is -1: ..."}
+    families = metric_families(refused, "inference_service", "node1", min_acceptance_rate=0.3)["families"]
+    by_name = {fam["name"]: fam for fam in families}
+    labels, = samples(families)["cleanslate_gpu_run_status"]
+    assert dict(labels)["status"] == "invalid" and only(families, "cleanslate_gpu_run_ok") == 0
+    assert by_name["cleanslate_gpu_last_success_timestamp_seconds"]["keep_previous"]
+    assert by_name["cleanslate_gpu_failing_since_timestamp_seconds"]["samples"][0]["value"] == "now"
+    assert "cleanslate_gpu_service_start_to_ready_seconds" not in samples(families)
+    # A failure after the validation (the gate) stays `failed`.
+    labels, = samples(metric_families(dict(refused, stage="gate"), "inference_service", "node1")["families"])["cleanslate_gpu_run_status"]
+    assert dict(labels)["status"] == "failed"
