@@ -162,13 +162,16 @@ class Measured:
 
 def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes", variant=None) -> dict:
     """One cold reset.yml run on `limit`, measured, with figures from its fleet report and recap.
-    `variant`: {"repo": the checkout whose playbooks run, "env": more environment variables}."""
+    `variant`: {"repo": the checkout whose playbooks run, "env": more environment variables,
+    "vars": extra variables, e.g. node_reset_metrics: false}."""
     variant = variant or {}
     repo = variant.get("repo") or REPO
     control = Path(tempfile.mkdtemp(prefix="cp-", dir=work))
     env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), **variant.get("env", {}))
     argv = [ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(fleet.inventory), "-l", limit,
             "--forks", str(forks), "-e", f"fleet_report_path={reports}"]
+    if variant.get("vars"):
+        argv += ["-e", json.dumps(variant["vars"])]
     log = work / f"{label}.log"
     with Measured(fleet) as measured, open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -239,7 +242,8 @@ def median_run(runs: list) -> dict:
 
 def measure(fleet, work: Path, forks=None, repeat=1, variants=({},)) -> list:
     """Every measurement on a booted fleet, for each variant ({"repo": a checkout whose
-    playbooks run, "env": environment variables such as ANSIBLE_STRATEGY}; {} is this
+    playbooks run, "env": environment variables such as ANSIBLE_STRATEGY, "vars": extra
+    variables such as node_reset_metrics=false}; {} is this
     checkout as it is), the variants taking turns so that a change of load hits them alike;
     one JSON document per variant."""
     hosts = len(fleet.hosts)
@@ -258,7 +262,8 @@ def measure(fleet, work: Path, forks=None, repeat=1, variants=({},)) -> list:
                 repo_runs["ritual"].append(ritual(fleet, crash_all(fleet), work))
     finally:
         uncrash_all(fleet)
-    return [dict(figures(repo_runs, hosts, forks), repo=str(variant.get("repo") or REPO), env=variant.get("env", {}))
+    return [dict(figures(repo_runs, hosts, forks), repo=str(variant.get("repo") or REPO), env=variant.get("env", {}),
+                 vars=variant.get("vars", {}))
             for variant, repo_runs in zip(variants, runs)]
 
 
@@ -340,6 +345,8 @@ def main(argv=None) -> int:
                         help="also measure another checkout's playbooks on the same fleet, taking turns")
     parser.add_argument("--variant", metavar="NAME=VALUE[,NAME=VALUE]", action="append", default=[],
                         help="also measure this checkout with these environment variables (ANSIBLE_STRATEGY=free)")
+    parser.add_argument("--variant-vars", metavar="NAME=VALUE[,NAME=VALUE]", action="append", default=[],
+                        help="also measure this checkout with these extra variables, YAML values (node_reset_metrics=false)")
     args = parser.parse_args(argv)
     if not 1 <= args.hosts <= 200 or args.repeat < 1:
         parser.error("--hosts (FLEET_HOSTS) must be 1 to 200 and --repeat at least 1")
@@ -352,7 +359,9 @@ def main(argv=None) -> int:
         fleet.up()
         try:
             variants = [{}] + [{"repo": Path(path).resolve()} for path in args.versus] + [
-                {"env": dict(item.split("=", 1) for item in spec.split(","))} for spec in args.variant]
+                {"env": dict(item.split("=", 1) for item in spec.split(","))} for spec in args.variant] + [
+                {"vars": {name: yaml.safe_load(value) for name, value in (item.split("=", 1) for item in spec.split(","))}}
+                for spec in args.variant_vars]
             docs = measure(fleet, Path(tmp), forks=args.forks, repeat=args.repeat, variants=variants)
         finally:
             boot = dict(fleet.timings)
@@ -362,7 +371,7 @@ def main(argv=None) -> int:
                variants=docs[1:])
     (out / "fleet.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     for one in docs:
-        print("\n%s %s" % (one["repo"], " ".join("%s=%s" % item for item in one["env"].items())))
+        print("\n%s %s" % (one["repo"], " ".join("%s=%s" % item for item in [*one["env"].items(), *one["vars"].items()])))
         print(table(one))
     return 0
 

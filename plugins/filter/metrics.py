@@ -117,7 +117,9 @@ def _service_families(result, host, floor) -> dict:
     first_s = None if first_ms is None else round(first_ms / 1000, 3)
     info = dict(labels, engine=str(result.get("engine") or ""), version=str(result.get("engine_version") or ""),
                 speculative_method=str(result.get("speculative_method") or ""))
-    families = _outcome(labels, bool(result.get("ok")), result.get("status"), result.get("gate_s"))
+    # A configuration refused before anything was touched is `invalid`, node_reset's word for it.
+    status = "invalid" if result.get("stage") == "validate" else result.get("status")
+    families = _outcome(labels, bool(result.get("ok")), status, result.get("gate_s"))
     families += [
         _family("service_start_to_ready_seconds", [(labels, ready_s)]),
         _family("service_start_to_first_completion_seconds",

@@ -20,7 +20,9 @@ import math
 import os
 import re
 import tempfile
+import time
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import alive, read_stat
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
@@ -32,6 +34,8 @@ HELP_ESCAPES = {"\\": "\\\\", "\n": "\\n"}
 SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)[ \t]*\Z')
 LABEL_PAIR = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*(?:,|\Z)')
 UNESCAPE = re.compile(r"\\(.)")
+# A temporary file older than this is left over whoever wrote it: a write takes well under a second.
+STALE_AFTER_S = 3600
 
 
 class TextfileError(ValueError):
@@ -122,10 +126,47 @@ def parse(text: str) -> dict:
     return samples
 
 
-def write_atomically(directory: str, filename: str, text: str, mode: int) -> None:
+def _temporary_name(filename: str):
+    """The pattern of `filename`'s temporaries: .FILENAME.PID-STARTTIME.XXXXXXXX.tmp (mkstemp's
+    eight characters); the writer's pid and start time say whether it still runs."""
+    return re.compile(r"\.%s\.(\d+)-(\d+)\.[a-z0-9_]{8}\.tmp\Z" % re.escape(filename))
+
+
+def remove_stale_temporaries(directory: str, filename: str, now=None) -> list:
+    """Remove the temporaries of directory/filename that a crashed writer left (killed between
+    write and rename): those whose writer no longer runs, or older than STALE_AFTER_S (a reused
+    pid). Only names of this file's pattern; a concurrent writer's temporary is kept. Returns
+    the names removed."""
+    pattern, now = _temporary_name(filename), time.time() if now is None else now
+    removed = []
+    for entry in os.listdir(directory):
+        match = pattern.match(entry)
+        if not match:
+            continue
+        path = os.path.join(directory, entry)
+        try:
+            age = now - os.lstat(path).st_mtime
+        except FileNotFoundError:  # its writer renamed it since the listing
+            continue
+        # unreadable=True: a writer whose /proc entry hides is taken as alive (the safe side).
+        if age <= STALE_AFTER_S and alive(int(match.group(1)), int(match.group(2))):
+            continue
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed.append(entry)
+    return sorted(removed)
+
+
+def write_atomically(directory: str, filename: str, text: str, mode: int) -> list:
     """Write `text` to directory/filename through a temporary name that does not end in .prom
-    (the collector's pattern), synced before the rename and the directory synced after it."""
-    fd, temporary = tempfile.mkstemp(prefix="." + filename + ".", suffix=".tmp", dir=directory)
+    (the collector's pattern), synced before the rename and the directory synced after it.
+    First removes the temporaries a crashed earlier write left; returns their names."""
+    removed = remove_stale_temporaries(directory, filename)
+    stat = read_stat(os.getpid())
+    fd, temporary = tempfile.mkstemp(prefix=".%s.%d-%d." % (filename, os.getpid(), stat["starttime"] if stat else 0),
+                                     suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             os.fchmod(handle.fileno(), mode)
@@ -144,3 +185,4 @@ def write_atomically(directory: str, filename: str, text: str, mode: int) -> Non
         os.fsync(directory_fd)
     finally:
         os.close(directory_fd)
+    return removed

@@ -18,6 +18,9 @@ description:
     does not end in C(.prom) (the collector reads only C(*.prom)), synced to disk, then renamed over the old
     file. Ansible's own copy and template fall back to a temporary name that ends in the destination's
     name, which the collector would read half-written.
+  - A write killed between write and rename leaves its temporary file behind. Each write first removes this
+    file's own leftover temporaries (the name carries the writer's pid and start time) whose writer no longer
+    runs or that are older than an hour; a concurrent writer's temporary and any other file are left alone.
   - No sample carries a timestamp (the collector skips a whole file that has one). HELP texts and label
     values are escaped as the format says (backslash, double quote, newline); a byte that is not UTF-8 is
     written as C(\xNN).
@@ -139,6 +142,15 @@ kept_previous:
   type: list
   elements: str
   sample: [cleanslate_gpu_last_success_timestamp_seconds]
+removed_temporaries:
+  description:
+    - The temporary files of this metrics file that an earlier write left when it was killed between write and rename, removed
+      before this write.
+    - Only this file's temporaries (C(.NAME.prom.PID-STARTTIME.XXXXXXXX.tmp)) whose writer no longer runs or that are older than an hour.
+  returned: when the file was written
+  type: list
+  elements: str
+  sample: [.cleanslate_gpu_node_reset.prom.4242-918273.k3j2h1g0.tmp]
 """
 
 import os
@@ -232,7 +244,7 @@ def main():
         result["diff"] = {"before": before, "after": content, "before_header": target, "after_header": target}
     if changed and not module.check_mode:
         try:
-            write_atomically(directory, name + ".prom", content, int(params["mode"], 8))
+            result["removed_temporaries"] = write_atomically(directory, name + ".prom", content, int(params["mode"], 8))
         except OSError as exc:
             module.fail_json(msg="cannot write %s: %s" % (target, exc.strerror or exc), path=target)
         result["written"] = True

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import platform
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.run_module import run_module
 from tests.syscall_gate import SyscallGate
 
-HOSTILE = ['quote " here', "back\\slash", "new\nline", "at @ slash / pct % dollar $", "{brace}=,", "\udcff\udcfe raw"]
+HOSTILE = ['quote " here', "back\\slash", "not a newline \\n, a trailing \\", "new\nline", "at @ slash / pct % dollar $", "{brace}=,", "\udcff\udcfe raw"]
 
 
 def family(name, samples, **extra):
@@ -104,6 +106,38 @@ def test_keep_previous_keeps_the_old_samples_and_takes_the_given_ones_only_witho
                             keep_previous=True)])
     assert parsed(tmp_path / "cleanslate_gpu_t.prom")["cleanslate_gpu_failing_since_timestamp_seconds"] == [
         (labels, 1800000000.0, None)]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_keep_previous_keeps_hostile_label_values_as_they_were(tmp_path, value):
+    """The kept samples are read back from the file: a unit name with quotes, backslashes or a
+    newline must come back as written, or the kept series is another series."""
+    labels = {"host": "n", "unit": value}
+    write(tmp_path, [family("cleanslate_gpu_last_success_timestamp_seconds", [{"labels": labels, "value": 17}])])
+    write(tmp_path, [family("cleanslate_gpu_last_success_timestamp_seconds", [], keep_previous=True)])
+    (got, seventeen, dummy), = parsed(tmp_path / "cleanslate_gpu_t.prom")["cleanslate_gpu_last_success_timestamp_seconds"]
+    assert seventeen == 17 and got == {"host": "n", "unit": value.replace("\udcff\udcfe", "\\xff\\xfe")}
+
+
+def test_a_failed_write_reports_one_sentence_and_leaves_no_temporary(tmp_path):
+    """A write that fails half-way (here the file size limit, as a full disk would): the module
+    fails with one sentence naming the file, the old file is whole and no temporary stays."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    good = [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 1}])]
+    assert write(metrics, good)["written"]
+    before = (metrics / "cleanslate_gpu_t.prom").read_bytes()
+    # An ignored SIGXFSZ survives exec: the write gets EFBIG instead of the process dying.
+    limited = tmp_path / "python-fsize-limited"
+    limited.write_text("#!/bin/bash\ntrap '' XFSZ\nulimit -f 4\nexec %s \"$@\"\n" % sys.executable)
+    limited.chmod(0o755)
+    steps = [{"labels": {"host": "n", "step": "s%05d" % i}, "value": i} for i in range(2000)]
+    result = run_module("textfile_metrics", {"path": str(metrics), "name": "cleanslate_gpu_t",
+                                             "families": [family("cleanslate_gpu_reset_step_seconds", steps)]},
+                        python=str(limited))
+    assert result["rc"] == 1 and result["msg"].startswith("cannot write %s: " % (metrics / "cleanslate_gpu_t.prom")), result
+    assert (metrics / "cleanslate_gpu_t.prom").read_bytes() == before
+    assert sorted(entry.name for entry in metrics.iterdir()) == ["cleanslate_gpu_t.prom"]
 
 
 def test_a_missing_directory_gets_no_file(tmp_path):
@@ -225,3 +259,41 @@ def test_a_crash_before_the_rename_leaves_no_prom_file_and_the_old_one_whole(tmp
     assert len(temporary) == 1 and not temporary[0].endswith(".prom") and temporary[0].startswith("."), names
     assert 'cleanslate_gpu_run_ok{host="n"} 0' in (tmp_path / temporary[0]).read_text()
     assert (tmp_path / "cleanslate_gpu_t.prom").read_bytes() == before
+    # The killed writer's temporary does not stay forever: the next write (a new value) removes it.
+    result = write(tmp_path, [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 2}])])
+    assert result["removed_temporaries"] == temporary, result
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == ["cleanslate_gpu_t.prom"]
+
+
+def test_the_next_write_removes_a_crashed_writers_temporary_and_nothing_else(tmp_path):
+    """A write killed between write and rename left its temporary behind: the next write removes
+    it, and keeps a live writer's recent temporary, other files' temporaries and look-alikes."""
+    good = [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 1}])]
+    assert write(tmp_path, good)["written"]
+    # A writer that ran and died: a real process, reaped, so its pid and start time name nobody now.
+    dead = subprocess.Popen(["sleep", "0"])
+    dead_starttime = int(Path("/proc/%d/stat" % dead.pid).read_text().rsplit(")", 1)[1].split()[19])
+    dead.wait()
+    live_starttime = int(Path("/proc/%d/stat" % os.getpid()).read_text().rsplit(")", 1)[1].split()[19])
+    crashed = ".cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime)
+    live = ".cleanslate_gpu_t.prom.%d-%d.e5f6g7h8.tmp" % (os.getpid(), live_starttime)
+    old_live = ".cleanslate_gpu_t.prom.%d-%d.oldoldol.tmp" % (os.getpid(), live_starttime)
+    # A live pid with another start time: the writer died and its pid was reused.
+    reused = ".cleanslate_gpu_t.prom.%d-%d.reusedxx.tmp" % (os.getpid(), live_starttime + 1)
+    others = [".cleanslate_gpu_t2.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # another file's
+              # the temporary of another file whose name begins with this one's whole name
+              ".cleanslate_gpu_t.prom.old.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),
+              ".cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp.keep" % (dead.pid, dead_starttime),
+              "cleanslate_gpu_t.prom.%d-%d.a1b2c3d4.tmp" % (dead.pid, dead_starttime),  # not hidden: not ours
+              ".cleanslate_gpu_t.prom.x-y.a1b2c3d4.tmp", "other.prom"]
+    for name in [crashed, live, old_live, reused] + others:
+        (tmp_path / name).write_text("half\n")
+    # Older than any write takes: its writer's pid may have been reused since.
+    os.utime(tmp_path / old_live, (time.time() - 2 * 3600,) * 2)
+    result = write(tmp_path, [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 0}])])
+    assert result["written"] and sorted(result["removed_temporaries"]) == sorted([crashed, old_live, reused]), result
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == sorted(["cleanslate_gpu_t.prom", live] + others)
+    assert 'cleanslate_gpu_run_ok{host="n"} 0' in (tmp_path / "cleanslate_gpu_t.prom").read_text()
+    # Check mode removes nothing.
+    (tmp_path / crashed).write_text("half\n")
+    assert not write(tmp_path, good, check=True)["written"] and (tmp_path / crashed).exists()

@@ -136,6 +136,8 @@ def observed(fleet_session, tmp_path_factory):
     # collector reads Debian's default directory, where the roles write by default.
     (host.root / "etc/default/prometheus-node-exporter").write_text('ARGS="--collector.systemd"\n')
     fleet.run(HOST, ["systemctl", "enable", "--now", EXPORTER])
+    # Only this module's runs in the directory (another test's verify.yml leaves its file there).
+    fleet.run(HOST, ["sh", "-c", f"rm -f {METRICS_DIR}/cleanslate_gpu_*"])
     state.host_vars.parent.mkdir(exist_ok=True)
     # node3's settings of the serve tests: vLLM, ngram speculation, no secret.
     state.host_vars.write_text(yaml.safe_dump(base_vars("node3")))
@@ -174,6 +176,46 @@ def test_after_a_reset_and_a_start_node_exporter_serves_our_series(observed):
     # The collector names our files; no file of ours failed.
     files = {labels["file"] for labels, dummy in metrics["node_textfile_mtime_seconds"]}
     assert any(name.endswith("cleanslate_gpu_node_reset.prom") for name in files), files
+
+
+def by_role(metrics: dict, name: str) -> dict:
+    return {labels["role"]: value for labels, value in metrics.get(name, [])}
+
+
+def test_a_healthy_host_and_a_refused_one_show_their_last_run(observed):
+    """reset_and_serve.yml on the healthy host: no reset ran, so node_reset's file is left as the
+    last reset wrote it; the assessment and gate are a run of the service, whose file says so.
+    Then a configuration refused in the first play: the service's file says `invalid` with the
+    failure's start and the last success kept; nothing else is touched."""
+    before = observed.exporter_metrics()
+    reset_file = observed.fleet.hosts[HOST].root / METRICS_DIR.lstrip("/") / "cleanslate_gpu_node_reset.prom"
+    reset_text = reset_file.read_text()
+    observed.play("playbooks/reset_and_serve.yml")
+    healthy = observed.exporter_metrics()
+    assert reset_file.read_text() == reset_text  # node_reset did not run
+    last_run = by_role(healthy, "cleanslate_gpu_last_run_timestamp_seconds")
+    assert last_run["inference_service"] > by_role(before, "cleanslate_gpu_last_run_timestamp_seconds")["inference_service"]
+    assert by_role(healthy, "cleanslate_gpu_run_ok") == {"node_reset": 1.0, "inference_service": 1.0}
+    # The server was left running: no start time, and the gate's speculation read again.
+    assert "cleanslate_gpu_service_start_to_ready_seconds" not in healthy
+    assert by_role(healthy, "cleanslate_gpu_service_speculative_acceptance_rate")
+
+    observed.host_vars.write_text(yaml.safe_dump(dict(base_vars("node3"), inference_service_port=-1)))
+    try:
+        cmd = [ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(observed.fleet.inventory), "-l", HOST,
+               "-e", f"fleet_report_path={observed.workdir / 'reports'}"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode != 0 and "invalid" in proc.stdout, proc.stdout[-3000:]
+    finally:
+        observed.host_vars.write_text(yaml.safe_dump(base_vars("node3")))
+    refused = observed.exporter_metrics()
+    assert reset_file.read_text() == reset_text
+    status = {labels["role"]: labels["status"] for labels, dummy in refused["cleanslate_gpu_run_status"]}
+    assert status == {"node_reset": "ok", "inference_service": "invalid"}, status
+    assert by_role(refused, "cleanslate_gpu_failing_since_timestamp_seconds").keys() == {"inference_service"}
+    success = by_role(refused, "cleanslate_gpu_last_success_timestamp_seconds")
+    assert success["inference_service"] == by_role(healthy, "cleanslate_gpu_last_success_timestamp_seconds")["inference_service"]
+    assert refused["node_textfile_scrape_error"] == [({}, 0.0)]
 
 
 def test_a_failed_run_keeps_the_last_success_on_the_host(observed):

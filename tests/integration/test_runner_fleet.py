@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_fleet_reset import HOSTS, _alive, _role_vars, _targets
 from tests.integration.test_fleet_reset import crashed_fleet  # noqa: F401 pylint: disable=unused-import
@@ -53,6 +54,12 @@ def test_reset_and_verify_jobs_over_ssh_succeed_and_carry_each_hosts_result(
     job = run_job(pdd, "playbooks/verify.yml", tmp_path / "worker", "verify")
     assert (job.status, job.rc) == ("successful", 0), job.stdout[-6000:]
     assert {result["status"] for result in job.node_reset_results().values()} == {"clean"}
+    # Each host's verify file for node_exporter (the fleet hosts have Debian's directory): its own role.
+    for name in HOSTS:
+        text = (fleet.hosts[name].root / "var/lib/prometheus/node-exporter/cleanslate_gpu_node_verify.prom").read_text()
+        status, = [sample.labels for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == "cleanslate_gpu_run_status"]
+        assert status == {"host": name, "role": "node_verify", "status": "clean"}, text
 
 
 def test_a_host_that_does_not_answer_fails_the_job_with_the_report_written(

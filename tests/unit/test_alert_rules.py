@@ -56,3 +56,18 @@ def test_the_rules_read_only_metrics_the_roles_and_the_heal_breaker_write():
     used.discard(PREFIX + "engine")  # the engines' job name, not a metric
     written = {PREFIX + name for name in FAMILIES} | {family["name"] for family in metric_families({"hosts": {}}, 0, 1)}
     assert used and used <= written, used - written
+
+
+def test_the_documented_thresholds_are_the_files():
+    """docs/observability.md's table of fixed thresholds: each value, as the table quotes it, is in
+    the expression (or `for:`) of every alert the row names, so the docs never name a stale value."""
+    docs = (REPO / "docs" / "observability.md").read_text()
+    section = docs.split("### Change the thresholds", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| [^|]+ \| ((?:`CleanslateGpu\w+`(?:, )?)+) \| `([^`]+)` \|$", section, re.M)
+    rules = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
+    assert len(rows) == 5, rows
+    for names, written in rows:
+        for name in re.findall(r"`(\w+)`", names):
+            rule = rules[name]
+            text = "for: %s" % rule.get("for", "0s") if written.startswith("for: ") else " ".join(rule["expr"].split())
+            assert written in text, (name, written, text)

@@ -2,6 +2,9 @@
 dashboard shows are the fleet report's, and a failed run keeps the last success."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from ansible.errors import AnsibleFilterError
 from prometheus_client.parser import text_string_to_metric_families
@@ -199,3 +202,38 @@ def test_a_metrics_switch_that_is_no_boolean_is_refused(value):
         node_reset_problems)
     problems = node_reset_problems(values(node_reset_metrics=value))
     assert len(problems) == 1 and problems[0].startswith("node_reset_metrics "), problems
+
+
+def test_the_docs_metrics_table_names_exactly_what_the_filter_writes():
+    """docs/observability.md's metrics table against the families the filter writes for a full
+    reset, a failed one and a service start: a renamed or added metric shows in both or fails."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    table = docs.split("## The metrics", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for row in re.findall(r"^\| ([^|]+) \|", table, re.M):
+        documented |= set(re.findall(r"`(cleanslate_gpu_\w+)`", row))
+    ok = node_reset_result(reset_steps(), "n1", started=1000.0, now=1010.0)
+    failed = node_reset_result(reset_steps(), "n1", failed_step="gpu_reset", failed_result={"msg": "boom"})
+    written = set()
+    for families in (metric_families(ok, "node_reset", "n1")["families"], metric_families(failed, "node_reset", "n1")["families"],
+                     metric_families(service_result(), "inference_service", "n1", min_acceptance_rate=0.3)["families"]):
+        written |= {fam["name"] for fam in families if fam["samples"] or fam["keep_previous"]}
+    assert documented == written, {"documented, never written": documented - written, "written, not documented": written - documented}
+
+
+def test_a_refused_configuration_is_invalid_and_starts_the_failure():
+    """reset_and_serve.yml's first play refuses a host before anything is touched: its service
+    file says `invalid` (the serve-failed alert's status), keeps the last success and starts
+    failing_since, and measured nothing."""
+    refused = {"host": "node1", "engine": "vllm", "unit": "inference-server.service", "status": "failed", "ok": False,
+               "stage": "validate", "changed": False, "reason": "inference_service_port is -1: ..."}
+    families = metric_families(refused, "inference_service", "node1", min_acceptance_rate=0.3)["families"]
+    by_name = {fam["name"]: fam for fam in families}
+    labels, = samples(families)["cleanslate_gpu_run_status"]
+    assert dict(labels)["status"] == "invalid" and only(families, "cleanslate_gpu_run_ok") == 0
+    assert by_name["cleanslate_gpu_last_success_timestamp_seconds"]["keep_previous"]
+    assert by_name["cleanslate_gpu_failing_since_timestamp_seconds"]["samples"][0]["value"] == "now"
+    assert "cleanslate_gpu_service_start_to_ready_seconds" not in samples(families)
+    # A failure after the validation (the gate) stays `failed`.
+    labels, = samples(metric_families(dict(refused, stage="gate"), "inference_service", "node1")["families"])["cleanslate_gpu_run_status"]
+    assert dict(labels)["status"] == "failed"
