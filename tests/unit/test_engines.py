@@ -60,7 +60,8 @@ def scratch_root(tmp_path: Path) -> Path:
 def test_a_stale_choice_list_or_table_is_named_then_rewritten(tmp_path, capsys):
     root = scratch_root(tmp_path)
     spec = root / "roles" / "inference_service" / "meta" / "argument_specs.yml"
-    spec.write_text(spec.read_text(encoding="utf-8").replace("choices: [vllm, sglang]", "choices: [vllm]"), encoding="utf-8")
+    spec.write_text(spec.read_text(encoding="utf-8").replace(
+        "choices: [%s]" % ", ".join(ENGINES), "choices: [vllm]"), encoding="utf-8")
     doc = root / gen_engine_docs.DOC
     doc.write_text(doc.read_text(encoding="utf-8").replace("| 30 s |", "| 20 s |"), encoding="utf-8")
     assert gen_engine_docs.main(["--check", "--root", str(root)]) == 1
