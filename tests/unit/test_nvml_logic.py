@@ -211,6 +211,7 @@ def test_sink_keeps_what_came_before_close_only():
 # Each option's upper bound, as the sentences state it (the range itself is _ranges.py's).
 TOP = {option: rule["maximum"] for option, rule in RANGES["nvml_verify"].items()}
 
+
 @pytest.mark.parametrize("overrides, expected", [
     ({"timeout": -0.5}, ["timeout must be 0 or more seconds, got -0.5"]),
     ({"timeout": float("nan")}, ["timeout must be a finite number of seconds, got nan"]),
