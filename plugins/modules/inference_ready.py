@@ -30,21 +30,19 @@ description:
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
     until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
   - Changes nothing on the host. C(changed) is always false.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 requirements:
   - systemd (C(systemctl), C(journalctl)) on the host when O(unit) is set
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
   check_mode:
-    description: Read-only; check mode polls the same way.
-    support: full
+    details: Read-only; check mode polls the same way.
   diff_mode:
-    description: Nothing changes, so there is no diff.
     support: none
-  platform:
-    description: Linux hosts.
-    support: full
-    platforms: posix
+    details: Nothing changes, so there is no diff.
 options:
   engine:
     description: The engine, which decides the health endpoints and the metric names.
@@ -121,8 +119,8 @@ options:
     description:
       - Seconds one health request may take; a server that accepts the connection but answers later is RV(verdict)
         V(slow), not V(unhealthy).
-      - V(0) means the engine's own default, 10 s for vLLM and 30 s for SGLang (whose C(/health) runs a one-token
-        generation, up to 20 s under load).
+      - V(0) means the engine's own default (docs/inference_service.md's engine table; SGLang's C(/health) runs a
+        one-token generation, up to 20 s under load).
     type: float
     default: 0
     version_added: 0.2.0
@@ -347,6 +345,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES, NAMES as ENGINE_NAMES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
@@ -356,11 +355,8 @@ INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 SGLANG_WINDOW_NOTE = ("SGLang has not logged a window of decode steps yet: its sglang:spec_accept_rate and "
                       "spec_accept_length gauges read 0 until --decode-log-interval decode steps (40 by default) have run, "
                       "more than the smoke completions make; lower --decode-log-interval to have them read")
-# A health request's own bound: SGLang's /health runs a one-token generation, up to 20 s under load.
-DEFAULT_HEALTH_TIMEOUT_S = {"vllm": 10.0, "sglang": 30.0}
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
-VLLM_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-                 "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"}
+COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 
 
 HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
@@ -508,14 +504,13 @@ def seen_error(exc, timeout):
 
 
 def health_timeout(params):
-    return params["health_timeout"] or DEFAULT_HEALTH_TIMEOUT_S[params["engine"]]
+    return params["health_timeout"] or ENGINES[params["engine"]]["health_timeout_s"]
 
 
 def probe(params, timeout):
     """(verdict, what was seen): healthy (every health endpoint answered 200), slow (one
     accepted the connection but gave no answer within timeout) or unhealthy."""
-    paths = ["/health", "/ready"] if params["engine"] == "sglang" else ["/health"]
-    for path in paths:
+    for path in ENGINES[params["engine"]]["health_paths"]:
         try:
             status, dummy = request(params, path, timeout)
         except URLError as exc:  # urllib wraps what happens before the request is sent: no connection
@@ -685,14 +680,14 @@ def counter(values, name):
     return sum(found) if found else None
 
 
-def impossible_counts(counts):
-    """Why vLLM's spec decode counters cannot be true, or None: each must be a finite count of
-    at least 0, no more tokens accepted than drafted, and each draft at least one token."""
+def impossible_counts(counts, names):
+    """Why the spec decode counters (vLLM's) cannot be true, or None: each must be a finite count
+    of at least 0, no more tokens accepted than drafted, and each draft at least one token."""
     for key, value in counts.items():
         if value is not None and not math.isfinite(value):
-            return "/metrics reports %s as %s, not a finite number" % (VLLM_COUNTERS[key], value)
+            return "/metrics reports %s as %s, not a finite number" % (names[key], value)
         if value is not None and value < 0:
-            return "/metrics reports a negative %s (%s)" % (VLLM_COUNTERS[key], value)
+            return "/metrics reports a negative %s (%s)" % (names[key], value)
     if counts["accepted_tokens"] > counts["draft_tokens"]:
         return "/metrics reports more accepted than drafted tokens (%s accepted of %s), which cannot be" % (
             counts["accepted_tokens"], counts["draft_tokens"])
@@ -702,16 +697,50 @@ def impossible_counts(counts):
     return None
 
 
-def impossible_gauges(rates, lengths):
-    """Why SGLang's acceptance gauges cannot be true, or None: a rate is from 0 to 1, a mean
+def impossible_gauges(rates, lengths, names):
+    """Why the acceptance gauges (SGLang's) cannot be true, or None: a rate is from 0 to 1, a mean
     acceptance length (with the bonus token) at least 1."""
     for rate in rates:
         if not (math.isfinite(rate) and 0 <= rate <= 1):
-            return "/metrics reports sglang:spec_accept_rate %s, not a rate from 0 to 1" % rate
+            return "/metrics reports %s %s, not a rate from 0 to 1" % (names["rate"], rate)
     for length in lengths:
         if not (math.isfinite(length) and length >= 1):
-            return "/metrics reports sglang:spec_accept_length %s, not a length of 1 or more" % length
+            return "/metrics reports %s %s, not a length of 1 or more" % (names["length"], length)
     return None
+
+
+def from_counters(values, names, stats_off_flag):
+    """Acceptance from counters since the start (drafts, drafted and accepted tokens), as vLLM exposes
+    it: (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note."""
+    counts = {key: counter(values, names[key]) for key in COUNTERS}
+    if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
+        return {"available": False, "note": "/metrics has no %s counters%s" % (names["shown"], " (is --%s set?)" % (
+            stats_off_flag.replace("_", "-")) if stats_off_flag else "")}, None, None
+    impossible = impossible_counts(counts, names)
+    if impossible:
+        return {"available": False, "note": impossible}, None, None
+    rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else None
+    length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
+    return dict({key: int(value or 0) for key, value in counts.items()}, source="%s counters" % names["shown"]), rate, length
+
+
+def from_gauges(values, names):
+    """Acceptance from the last logged window's gauges (rate, mean length), as SGLang exposes it:
+    (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note."""
+    if names["rate"] not in values:
+        return {"available": False, "note": "/metrics has no %s" % names["rate"]}, None, None
+    rates = values[names["rate"]]
+    lengths = values.get(names["length"], [])
+    if any(length == 0 for length in lengths):
+        # SGLang sets both gauges once every --decode-log-interval decode steps, from that window
+        # alone; until the first window their value is 0. A logged window's length counts the
+        # bonus token of every step, so it is at least 1: a 0 is a window not logged yet.
+        return {"available": False, "note": SGLANG_WINDOW_NOTE}, None, None
+    impossible = impossible_gauges(rates, lengths, names)
+    if impossible:
+        return {"available": False, "note": impossible}, None, None
+    return ({"source": "%s and %s gauges" % (names["rate"], names["length"])},
+            sum(rates) / len(rates), sum(lengths) / len(lengths) if lengths else None)
 
 
 def speculation(params):
@@ -724,32 +753,13 @@ def speculation(params):
     if status != 200:
         return {"available": False, "note": "/metrics answered HTTP %d" % status}
     values = parse_metrics(body.decode("utf-8", "replace"))
-    if params["engine"] == "vllm":
-        counts = {key: counter(values, name) for key, name in VLLM_COUNTERS.items()}
-        if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
-            return {"available": False, "note": "/metrics has no vllm:spec_decode_* counters (is --disable-log-stats set?)"}
-        impossible = impossible_counts(counts)
-        if impossible:
-            return {"available": False, "note": impossible}
-        rate = counts["accepted_tokens"] / counts["draft_tokens"] if counts["draft_tokens"] else None
-        length = 1 + counts["accepted_tokens"] / counts["drafts"] if counts["drafts"] else None
-        result = dict({key: int(value or 0) for key, value in counts.items()}, source="vllm:spec_decode_* counters")
+    engine = ENGINES[params["engine"]]
+    if engine["metrics"]["kind"] == "counters":
+        result, rate, length = from_counters(values, engine["metrics"], engine["stats_off_flag"])
     else:
-        if "sglang:spec_accept_rate" not in values:
-            return {"available": False, "note": "/metrics has no sglang:spec_accept_rate"}
-        rates = values["sglang:spec_accept_rate"]
-        lengths = values.get("sglang:spec_accept_length", [])
-        if any(length == 0 for length in lengths):
-            # SGLang sets both gauges once every --decode-log-interval decode steps, from that window
-            # alone; until the first window their value is 0. A logged window's length counts the
-            # bonus token of every step, so it is at least 1: a 0 is a window not logged yet.
-            return {"available": False, "note": SGLANG_WINDOW_NOTE}
-        impossible = impossible_gauges(rates, lengths)
-        if impossible:
-            return {"available": False, "note": impossible}
-        rate = sum(rates) / len(rates)
-        length = sum(lengths) / len(lengths) if lengths else None
-        result = {"source": "sglang:spec_accept_rate and sglang:spec_accept_length gauges"}
+        result, rate, length = from_gauges(values, engine["metrics"])
+    if result.get("available") is False:
+        return result
     result.update(available=True, acceptance_rate=None if rate is None else round(rate, 4),
                   mean_acceptance_length=None if length is None else round(length, 3))
     if rate is None:
@@ -796,7 +806,7 @@ def unit_after_failure(module, params, result):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "engine": {"type": "str", "required": True, "choices": ["vllm", "sglang"]},
+            "engine": {"type": "str", "required": True, "choices": ENGINE_NAMES},
             "url": {"type": "str", "required": True},
             "unit": {"type": "str", "default": ""},
             "served_name": {"type": "str", "required": True},

@@ -31,21 +31,17 @@ description:
     the directory; a host without it has no collector to read the file).
   - The roles C(cleanslate.gpu.node_reset) and C(cleanslate.gpu.inference_service) call it with the families
     of the filter C(cleanslate.gpu.metric_families); docs/observability.md lists the metrics.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
 attributes:
   check_mode:
-    support: full
     details:
       - Nothing is written; C(changed) says whether the file would change.
   diff_mode:
     support: full
     details:
       - The file's text before and after.
-  platform:
-    platforms: posix
 options:
   path:
     description:

@@ -23,6 +23,7 @@ import re
 import shlex
 from urllib.parse import urlsplit, urlunsplit
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import EngineFlags, FlagError
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _speculative_rules
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _systemd_quote as systemd
@@ -152,6 +153,7 @@ class _Builder:
     def __init__(self, settings: dict, flags: EngineFlags):
         self.s = settings
         self.flags = flags
+        self.engine = ENGINES[flags.engine]  # what differs between the engines
         self.problems = []
         self.warnings = []
         self.owned = {}  # dest -> the variable that sets it
@@ -242,35 +244,30 @@ class _Builder:
         s = self.s
         flags = self.flags
         served = s["served_name"] or s["model"]
+        dests = self.engine["flags"]
         args = list(flags.data.get("command", []))
-        if flags.engine == "vllm":
+        if flags.data["model"].get("positional"):
             args.append(s["model"])
             self.owned["model"] = _var("model")
         else:
-            args += [self.own("model_path", _var("model")), s["model"]]
-        args += [self.own("served_model_name", _var("served_name")), served,
-                 self.own("tensor_parallel_size" if flags.engine == "vllm" else "tp_size",
-                          _var("tensor_parallel_size")), str(s["tensor_parallel_size"]),
+            dest = next(entry["dest"] for entry in flags.options if flags.data["model"]["flag"] in entry["flags"])
+            args += [self.own(dest, _var("model")), s["model"]]
+        args += [self.own(dests["served_name"], _var("served_name")), served,
+                 self.own(dests["tensor_parallel_size"], _var("tensor_parallel_size")), str(s["tensor_parallel_size"]),
                  self.own("host", _var("host")), s["host"],
                  self.own("port", _var("port")), str(s["port"])]
-        fraction_dest = "gpu_memory_utilization" if flags.engine == "vllm" else "mem_fraction_static"
-        length_dest = "max_model_len" if flags.engine == "vllm" else "context_length"
-        flag = self.own(fraction_dest, _var("gpu_memory_fraction"))
+        flag = self.own(dests["gpu_memory_fraction"], _var("gpu_memory_fraction"))
         if s["gpu_memory_fraction"]:
             args += [flag, repr(float(s["gpu_memory_fraction"]))]
-        flag = self.own(length_dest, _var("max_model_len"))
+        flag = self.own(dests["max_model_len"], _var("max_model_len"))
         if s["max_model_len"]:
             args += [flag, str(s["max_model_len"])]
-        if flags.engine == "vllm":
-            # SIGTERM drains in-flight requests for this long (0 would abort them).
-            args += [self.own("shutdown_timeout", _var("drain_timeout")), str(s["drain_timeout"])]
-            for dest in ("api_key", "hf_token"):
-                self.owned[dest] = _var("secrets") + "." + dest
-        else:
-            # /metrics exists only with --enable-metrics: the acceptance rate is read there.
-            args.append(self.own("enable_metrics", _var("speculative") + " (read back from /metrics)"))
-            for dest in ("api_key", "admin_api_key"):
-                self.owned[dest] = _var("secrets") + "." + dest
+        if "drain_timeout" in dests:
+            args += [self.own(dests["drain_timeout"], _var("drain_timeout")), str(s["drain_timeout"])]
+        for dest, why in self.engine["always"].items():
+            args.append(self.own(dest, PREFIX + why))
+        for secret, dest in self.engine["secret_flags"].items():
+            self.owned[dest] = _var("secrets") + "." + secret
         return args
 
     # --- speculative decoding -------------------------------------------------------------
@@ -278,7 +275,7 @@ class _Builder:
     def speculative_args(self) -> list:
         spec = self.s["speculative"]
         data = self.flags.data["speculative"]
-        if self.flags.engine == "vllm":
+        if self.engine["speculative"] == "config":
             for dest in ("speculative_config", "spec_method", "spec_model", "spec_tokens"):
                 if self.flags.by_dest(dest):
                     self.owned[dest] = _var("speculative")
@@ -290,7 +287,7 @@ class _Builder:
             return []
         if not spec:
             return []
-        if self.flags.engine == "vllm":
+        if self.engine["speculative"] == "config":
             return self._vllm_speculative(spec, data)
         return self._sglang_speculative(spec, data)
 
@@ -523,14 +520,14 @@ class _Builder:
         elif owner:
             self.problem("%s: %s is set by the role; use %s" % (where, option, owner))
         elif dest == "config":
-            if self.flags.engine == "sglang" and self.s["secrets_set"].get("api_key"):
-                self.problem("%s: %s cannot be given with an API key: SGLang takes one --config file, "
-                             "which carries the key" % (where, option))
+            if self.secret_file_keys():
+                self.problem("%s: %s cannot be given with an API key: %s takes one --config file, "
+                             "which carries the key" % (where, option, self.engine["label"]))
             else:
                 self.warnings.append("%s: the flags inside %s's file are not checked" % (where, option))
         if entry.get("deprecated"):
             self.warnings.append("%s: %s is deprecated in %s" % (where, option, self.flags.label))
-        if self.flags.engine == "vllm" and dest == "disable_log_stats" and self.s["speculative"]:
+        if dest == self.engine["stats_off_flag"] and self.s["speculative"]:
             self.warnings.append("%s: %s also turns off /metrics, where the acceptance rate is read"
                                  % (where, option))
         return secret
@@ -627,8 +624,9 @@ class _Builder:
             env["HF_TOKEN"] = "hf_token"
         if secrets.get("api_key") and self.flags.data.get("api_key_env"):
             env[self.flags.data["api_key_env"]] = "api_key"
-        if secrets.get("admin_api_key") and self.flags.engine != "sglang":
-            self.problem("%s.admin_api_key: %s has no admin API key (SGLang only)" % (where, self.flags.label))
+        if secrets.get("admin_api_key") and "admin_api_key" not in self.engine["secret_flags"]:
+            self.problem("%s.admin_api_key: %s has no admin API key (%s only)" % (
+                where, self.flags.label, ", ".join(e["label"] for e in ENGINES.values() if "admin_api_key" in e["secret_flags"])))
         for name in secrets.get("environment", []):
             if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                 self.problem("%s.environment: %s is not an environment variable name" % (where, _shown(name)))
@@ -640,14 +638,14 @@ class _Builder:
                 env[name] = "environment"
         return env
 
+    def secret_file_keys(self) -> list:
+        """The secrets set that this engine reads from its --config file."""
+        return [name for name in self.engine["secret_file_keys"] if self.s["secrets_set"].get(name)]
+
     def secret_config(self) -> dict:
-        """SGLang reads its API key from no environment variable: a --config YAML file (0600) carries it,
-        so the command line holds only the file's path."""
-        secrets = self.s["secrets_set"]
-        if self.flags.engine != "sglang":
-            return {}
-        keys = {flag[2:]: name for name, flag in (("api_key", "--api-key"), ("admin_api_key", "--admin-api-key"))
-                if secrets.get(name)}
+        """An engine that reads its API key from no environment variable (SGLang): a --config YAML file
+        (0600) carries it, so the command line holds only the file's path."""
+        keys = {self.flags.flag_of(self.engine["secret_flags"][name])[2:]: name for name in self.secret_file_keys()}
         if not keys:
             return {}
         path = posixpath.join(self.s["config_dir"], self.unit_stem() + ".secrets.yaml")

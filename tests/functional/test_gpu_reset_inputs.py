@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES
 from tests.functional import pidns
 from tests.functional.gpu_reset_ns import cuda, dev_files, globs
 
@@ -73,12 +74,14 @@ def test_a_pattern_that_names_the_server_stops_it(dev):
 
 @pytest.mark.parametrize("option", ["grace_period", "kill_timeout"])
 def test_seconds_must_be_finite_and_at_most_an_hour(dev, option):
-    values = ["nan", "inf", "-inf", float("nan"), 1e10, 3600.5, -1, "soon"]
+    top = RANGES["gpu_reset"][option]["maximum"]
+    values = ["nan", "inf", "-inf", float("nan"), 1e10, top + 0.5, -1, "soon"]
     messages = dict((str(case[option]), result["msg"]) for case, result in refused(dev, [{option: v} for v in values]))
     assert all(option in message for message in messages.values()), messages
     for value in ("nan", "inf", "-inf"):
         assert messages[value] == "%s must be a finite number of seconds, got %s" % (option, value)
-    assert messages["10000000000.0"] == "%s must be 3600 or less seconds, got 10000000000.0" % option
+    assert messages["10000000000.0"] == "%s must be %s or less seconds, got 10000000000.0" % (option, top)
+    assert messages[str(top + 0.5)] == "%s must be %s or less seconds, got %s" % (option, top, top + 0.5)
     assert messages["-1"] == "%s must be 0 or more seconds, got -1.0" % option
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from tests.functional.standin import engine, node  # noqa: F401  # pylint: disable=unused-import
 from tests.run_module import run_module
 
@@ -102,7 +103,7 @@ def test_probe_of_a_closed_port_is_unhealthy_not_failed(node):  # noqa: F811
     ({"wait": math.inf}, "wait must be a finite number"),
     ({"completions": 0}, "completions, max_tokens and journal_lines must be 1 or more"),
     ({"max_tokens": -5}, "completions, max_tokens and journal_lines must be 1 or more"),
-    ({"engine": "tgi"}, "value of engine must be one of: vllm, sglang"),
+    ({"engine": "tgi"}, "value of engine must be one of: %s" % ", ".join(ENGINES)),
 ])
 def test_bad_parameters_fail_before_any_request(params, message):
     args = {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "m"}

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES
 from tests.run_module import run_module
 from tests.sim import procinfo
 
@@ -346,22 +347,26 @@ def test_hung_gpu_call_is_bounded(fake_nvml):
 
 # ----- inputs: one clear sentence, NVML never touched -----
 
+# Each option's upper bound, as the sentences state it (the range itself is _ranges.py's).
+TOP = {option: rule["maximum"] for option, rule in RANGES["nvml_verify"].items()}
+
+
 @pytest.mark.parametrize("params, expected", [
     ({"timeout": -1}, "timeout must be 0 or more seconds, got -1"),
     ({"timeout": "nan"}, "timeout must be a finite number"),
     ({"timeout": "inf"}, "timeout must be a finite number"),
-    ({"timeout": 1e10}, "timeout must be 86400 or less seconds, got 10000000000.0"),
+    ({"timeout": 1e10}, "timeout must be %s or less seconds, got 10000000000.0" % TOP["timeout"]),
     ({"timeout": "soon"}, "timeout"),
     ({"poll_interval": 0}, "poll_interval must be more than 0 seconds, got 0"),
     ({"poll_interval": -0.5}, "poll_interval must be more than 0 seconds, got -0.5"),
     ({"poll_interval": "nan"}, "poll_interval must be a finite number"),
     ({"poll_interval": "-inf"}, "poll_interval must be a finite number"),
-    ({"poll_interval": 1e300}, "poll_interval must be 3600 or less seconds"),
+    ({"poll_interval": 1e300}, "poll_interval must be %s or less seconds" % TOP["poll_interval"]),
     ({"poll_interval": [1]}, "poll_interval"),
     ({"call_timeout": 0}, "call_timeout must be more than 0 seconds, got 0"),
     ({"call_timeout": "nan"}, "call_timeout must be a finite number"),
     ({"call_timeout": "inf"}, "call_timeout must be a finite number"),
-    ({"call_timeout": 1e10}, "call_timeout must be 3600 or less seconds"),
+    ({"call_timeout": 1e10}, "call_timeout must be %s or less seconds" % TOP["call_timeout"]),
     ({"call_timeout": -1}, "call_timeout must be more than 0 seconds, got -1"),
     ({"call_timeout": "fast"}, "call_timeout"),
     ({"max_memory_used_mib": -5}, "max_memory_used_mib must be 0 or more MiB, got -5"),
@@ -369,8 +374,8 @@ def test_hung_gpu_call_is_bounded(fake_nvml):
     ({"max_memory_used_mib": "nan"}, "max_memory_used_mib"),
     # "inf" for an int option is a traceback inside ansible-core 2.19's own check_type_int, before the module
     # runs (fixed upstream: ansible/ansible#87253); float options take it and are refused above.
-    ({"expected_count": 0}, "expected_count must be 1 or more, got 0"),
-    ({"expected_count": -3}, "expected_count must be 1 or more, got -3"),
+    ({"expected_count": 0}, "expected_count must be 1 or more GPUs, got 0"),
+    ({"expected_count": -3}, "expected_count must be 1 or more GPUs, got -3"),
     ({"expected_count": 1.5}, "expected_count"),
     ({"expected_count": "nan"}, "expected_count"),
     ({"checks": []}, "checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
@@ -396,10 +401,10 @@ def test_bad_input_is_one_clear_error_and_nvml_is_not_touched(fake_nvml, params,
     assert "Traceback" not in str(result)
 
 
-def test_a_huge_expected_count_is_a_count_problem_in_one_sentence(fake_nvml):
+def test_a_huge_expected_count_is_refused_before_nvml_in_one_sentence(fake_nvml):
     result = verify(fake_nvml, expected_count=10 ** 20, timeout=30)
-    assert result["rc"] != 0 and result["polls"] == 1
-    assert result["problems"][0].startswith("NVML lists 8 GPUs, 100000000000000000000 expected: ")
+    assert result["rc"] != 0 and "polls" not in result
+    assert result["msg"] == "expected_count must be %s or less GPUs, got 100000000000000000000" % TOP["expected_count"]
 
 
 def test_every_bad_input_is_named_at_once(fake_nvml):

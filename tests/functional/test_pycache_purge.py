@@ -16,6 +16,7 @@ import sys
 import pytest
 from pathlib import Path
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES
 from tests.run_module import REPO, ensure_collection_link, run_module
 from tests.sim import procinfo
 
@@ -578,7 +579,8 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
         "timeout negative": ({"probe_timeout": -5}, "probe_timeout must be more than 0 seconds, got -5.0"),
         "timeout nan": ({"probe_timeout": "nan"}, "probe_timeout must be a finite number of seconds, got nan"),
         "timeout inf": ({"probe_timeout": "inf"}, "probe_timeout must be a finite number of seconds, got inf"),
-        "timeout huge": ({"probe_timeout": 1e10}, "probe_timeout must be 86400 or less seconds, got 10000000000.0"),
+        "timeout huge": ({"probe_timeout": 1e10}, "probe_timeout must be %s or less seconds, got 10000000000.0"
+                         % RANGES["pycache_purge"]["probe_timeout"]["maximum"]),
         "timeout not a number": ({"probe_timeout": "soon"}, "argument 'probe_timeout' is of type str and we were unable to convert to float"),
     }[case]
     params.update(expected[0])

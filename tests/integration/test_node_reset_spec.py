@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES, words
 from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
 from tests import sim
 from tests.sim import procinfo
@@ -21,6 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "node_reset"
 SPECS = yaml.safe_load((ROLE / "meta" / "argument_specs.yml").read_text())["argument_specs"]
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
+# A module option's rule as the role's sentences state it (the ranges are _ranges.py's).
+GRACE = words(RANGES["gpu_reset"]["grace_period"])
+POLL = words(RANGES["nvml_verify"]["poll_interval"])
 PYTHON_TYPES = {"str": str, "path": str, "bool": bool, "int": int, "float": (int, float), "list": list, "dict": dict}
 
 
@@ -119,9 +123,9 @@ def _untouched(manifest):
     ({"node_reset_nvml_verify_checks": ["memory", "temperature"]}, "node_reset_nvml_verify_checks"),
     # Ranges: the role's first task.
     ({"node_reset_gpu_reset_grace_period": -1},
-     "node_reset_gpu_reset_grace_period is -1: it must be a number of seconds from 0 to 3600."),
+     "node_reset_gpu_reset_grace_period is -1: it must be %s." % GRACE),
     ({"node_reset_nvml_verify_poll_interval": 0},
-     "node_reset_nvml_verify_poll_interval is 0: it must be a number of seconds above 0, at most 3600."),
+     "node_reset_nvml_verify_poll_interval is 0: it must be %s." % POLL),
     ({"node_reset_pve_vmid": 7, "node_reset_pve_host": "pve"},
      "node_reset_pve_vmid is 7: it must be 0 (no container) or a vmid from 100 to 999999999."),
     ({"node_reset_pve_host": "no-such-node", "node_reset_pve_vmid": 129},
@@ -138,12 +142,12 @@ def test_a_bad_variable_is_rejected_before_anything_runs(module_node, tmp_path, 
 
 
 @pytest.mark.parametrize("name, value, rule", [
-    ("node_reset_gpu_reset_grace_period", "nan", "a number of seconds from 0 to 3600"),
-    ("node_reset_gpu_reset_kill_timeout", "inf", "a number of seconds from 0 to 3600"),
-    ("node_reset_shm_clean_min_age", "-inf", "a number of seconds from 0 to 315360000"),
-    ("node_reset_nvml_verify_timeout", "1e300", "a number of seconds from 0 to 86400"),
-    ("node_reset_nvml_verify_max_memory_used_mib", "99999999999999999999", "a whole number of MiB from 0 to 1048576"),
-    ("node_reset_nvml_verify_expected_count", "100000", "a whole number of GPUs from 1 to 1024, or 0 (no check)"),
+    ("node_reset_gpu_reset_grace_period", "nan", GRACE),
+    ("node_reset_gpu_reset_kill_timeout", "inf", words(RANGES["gpu_reset"]["kill_timeout"])),
+    ("node_reset_shm_clean_min_age", "-inf", words(RANGES["shm_clean"]["min_age"])),
+    ("node_reset_nvml_verify_timeout", "1e300", words(RANGES["nvml_verify"]["timeout"])),
+    ("node_reset_nvml_verify_max_memory_used_mib", "99999999999999999999", words(RANGES["nvml_verify"]["max_memory_used_mib"])),
+    ("node_reset_nvml_verify_expected_count", "100000", words(RANGES["nvml_verify"]["expected_count"]) + ", or 0 (no check)"),
     ("node_reset_pve_connect_timeout", "0", "a number of seconds from 1 to 3600"),
 ])
 def test_a_number_typed_on_the_command_line_that_is_not_finite_or_too_large_is_refused_with_its_rule(
@@ -166,8 +170,8 @@ def test_two_bad_numbers_give_one_line_each(module_node, tmp_path):
                                                    "node_reset_nvml_verify_poll_interval": "-1"})
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert row["problems"] == [
-        'node_reset_gpu_reset_grace_period is "nan": it must be a number of seconds from 0 to 3600.',
-        'node_reset_nvml_verify_poll_interval is "-1": it must be a number of seconds above 0, at most 3600.'], row
+        'node_reset_gpu_reset_grace_period is "nan": it must be %s.' % GRACE,
+        'node_reset_nvml_verify_poll_interval is "-1": it must be %s.' % POLL], row
     _untouched(module_node)
 
 
@@ -211,7 +215,7 @@ def test_the_same_checks_guard_the_verify_playbook(module_node, tmp_path):
 @pytest.mark.parametrize("playbook", ["reset", "verify"])
 @pytest.mark.parametrize("bad, sentence", [
     ({"node_reset_gpu_reset_grace_period": "soon"},
-     'node_reset_gpu_reset_grace_period is "soon": it must be a number of seconds from 0 to 3600.'),
+     'node_reset_gpu_reset_grace_period is "soon": it must be %s.' % GRACE),
     ({"node_reset_pycache_purge_mode": "everything"},
      'node_reset_pycache_purge_mode is "everything": it must be one of stale, all.'),
     ({"node_reset_gpu_reset_device_paths": {"not": "a list"}},

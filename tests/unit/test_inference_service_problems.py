@@ -6,6 +6,7 @@ from pathlib import Path
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import inference_service_problems, spec
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 
 
 def _service_values(**changes):
@@ -25,7 +26,7 @@ def test_the_defaults_pass_and_each_bad_variable_is_one_sentence_with_its_rule()
         'inference_service_ready_timeout is "inf": it must be a whole number of seconds from 0 to 604800 (a week).',
         'inference_service_poll_interval is "nan": it must be a number of seconds above 0, at most 3600.',
         'inference_service_smoke_completions is "1.5": it must be a whole number of completions from 1 to 100.',
-        'inference_service_engine is "tgi": it must be one of vllm, sglang.',
+        'inference_service_engine is "tgi": it must be one of %s.' % ", ".join(ENGINES),
         'inference_service_port is "abc": it must be a whole number.']
 
 

@@ -13,10 +13,14 @@ from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_
 from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
 from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (node_reset_problems, node_reset_result,
                                                                           variables)
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "node_reset"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
+# The modules' upper bounds, as the role's sentences state them (the ranges are _ranges.py's).
+GRACE_MAX = RANGES["gpu_reset"]["grace_period"]["maximum"]
+POLL_MAX = RANGES["nvml_verify"]["poll_interval"]["maximum"]
 
 
 def values(**changed):
@@ -43,13 +47,13 @@ def test_the_defaults_pass():
     ("node_reset_gpu_reset_grace_period", "nan", '"nan"'),
     ("node_reset_gpu_reset_grace_period", float("inf"), "Infinity"),
     ("node_reset_gpu_reset_grace_period", -0.5, "-0.5"),
-    ("node_reset_gpu_reset_grace_period", 3600.5, "3600.5"),
+    ("node_reset_gpu_reset_grace_period", GRACE_MAX + 0.5, str(GRACE_MAX + 0.5)),
     ("node_reset_gpu_reset_grace_period", True, "true"),
     ("node_reset_gpu_reset_grace_period", None, "null"),
     ("node_reset_gpu_reset_grace_period", [3], "[3]"),
     ("node_reset_gpu_reset_grace_period", "", '""'),
     ("node_reset_gpu_reset_kill_timeout", -0.001, "-0.001"),
-    ("node_reset_nvml_verify_poll_interval", 3600.5, "3600.5"),
+    ("node_reset_nvml_verify_poll_interval", POLL_MAX + 0.5, str(POLL_MAX + 0.5)),
     ("node_reset_nvml_verify_poll_interval", "0", '"0"'),
     ("node_reset_pve_sweep_after", -1, "-1"),
     ("node_reset_pve_sweep_after", "1e300", '"1e300"'),
@@ -59,14 +63,18 @@ def test_a_bad_number_gives_one_sentence_with_its_value_and_rule(name, value, sh
     problems = node_reset_problems(values(**{name: value}))
     assert len(problems) == 1 and problems[0].startswith("%s is %s: it must be " % (name, shown)), problems
     assert problems[0].endswith(".")
+    module_option = [rule for module, options in RANGES.items() for option, rule in options.items()
+                     if name == "node_reset_%s_%s" % (module, option)]
+    if module_option:  # the sentence states the module's own bound
+        assert "at most %s" % module_option[0]["maximum"] in problems[0] or "to %s." % module_option[0]["maximum"] in problems[0]
 
 
 @pytest.mark.parametrize("name, value", [
-    ("node_reset_gpu_reset_grace_period", "0"), ("node_reset_gpu_reset_grace_period", " 3600 "),
+    ("node_reset_gpu_reset_grace_period", "0"), ("node_reset_gpu_reset_grace_period", " %s " % GRACE_MAX),
     ("node_reset_gpu_reset_kill_timeout", 0.001), ("node_reset_pve_sweep_after", 0),
     # The module's own ranges (issue 30): SIGKILL with no wait beyond a process on its way out, and
     # a poll interval longer than the timeout (one read).
-    ("node_reset_gpu_reset_kill_timeout", 0), ("node_reset_nvml_verify_poll_interval", 3600),
+    ("node_reset_gpu_reset_kill_timeout", 0), ("node_reset_nvml_verify_poll_interval", POLL_MAX),
     ("node_reset_pve_sweep_after", "86400"), ("node_reset_nvml_verify_expected_count", "8"),
 ])
 def test_numbers_at_the_edges_and_numbers_given_as_strings_pass(name, value):

@@ -15,6 +15,7 @@ from tests.run_module import ensure_collection_link
 sys.path.insert(0, str(ensure_collection_link()))
 # pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml  # noqa: E402
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402
 from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify  # noqa: E402
 
 UUIDS = ["GPU-0000000%d-aaaa-bbbb-cccc-dddddddddddd" % index for index in range(4)]
@@ -207,10 +208,14 @@ def test_sink_keeps_what_came_before_close_only():
 
 # ----- nvml_verify: inputs -----
 
+# Each option's upper bound, as the sentences state it (the range itself is _ranges.py's).
+TOP = {option: rule["maximum"] for option, rule in RANGES["nvml_verify"].items()}
+
+
 @pytest.mark.parametrize("overrides, expected", [
     ({"timeout": -0.5}, ["timeout must be 0 or more seconds, got -0.5"]),
     ({"timeout": float("nan")}, ["timeout must be a finite number of seconds, got nan"]),
-    ({"timeout": 86400.5}, ["timeout must be 86400 or less seconds, got 86400.5"]),
+    ({"timeout": TOP["timeout"] + 0.5}, ["timeout must be %s or less seconds, got %s" % (TOP["timeout"], TOP["timeout"] + 0.5)]),
     ({"poll_interval": 0.0}, ["poll_interval must be more than 0 seconds, got 0.0"]),
     ({"poll_interval": float("inf")}, ["poll_interval must be a finite number of seconds, got inf"]),
     ({"call_timeout": -1.0}, ["call_timeout must be more than 0 seconds, got -1.0"]),
@@ -218,8 +223,10 @@ def test_sink_keeps_what_came_before_close_only():
     ({"max_memory_used_mib": True}, ["max_memory_used_mib must be a number of MiB, got True"]),
     ({"expected_count": 0}, ["expected_count must be 1 or more GPUs, got 0"]),
     # The upper bounds the node_reset role always had, now the module's own (module_utils/_ranges.py).
-    ({"expected_count": 1025}, ["expected_count must be 1024 or less GPUs, got 1025"]),
-    ({"max_memory_used_mib": 1048577}, ["max_memory_used_mib must be 1048576 or less MiB, got 1048577"]),
+    ({"expected_count": TOP["expected_count"] + 1},
+     ["expected_count must be %s or less GPUs, got %s" % (TOP["expected_count"], TOP["expected_count"] + 1)]),
+    ({"max_memory_used_mib": TOP["max_memory_used_mib"] + 1},
+     ["max_memory_used_mib must be %s or less MiB, got %s" % (TOP["max_memory_used_mib"], TOP["max_memory_used_mib"] + 1)]),
     ({"checks": []}, ["checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
                       " remapped_rows, retired_pages"]),
     ({"gpus": ["0", "x", ""]}, ["gpus entry 'x' is not %s" % _nvml.SELECTOR_FORMS,

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 from tests.fixtures.fake_nvml import FakeNvml
+from tests.sim.engine import DEFAULTS as STANDIN_ENGINES  # the engines the stand-in plays
 
 REPO = Path(__file__).resolve().parents[3]
 PARENT = "/opt/cleanslate"
@@ -56,18 +57,18 @@ def install(root: Path) -> dict:
     shutil.copytree(FLAGS, flags)
     bin_dir = root / "usr/local/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for engine in ("vllm", "sglang"):
+    for engine in STANDIN_ENGINES:
         path = bin_dir / engine
         path.write_text(WRAPPER.format(engine=engine, parent=PARENT))
         path.chmod(0o755)
         set_version(root, engine, newest(engine))
     FakeNvml(root / NVML_STATE.lstrip("/")).create(gpu_count=GPUS)
-    return {"executables": ["/usr/local/bin/vllm", "/usr/local/bin/sglang"], "nvml_state": NVML_STATE}
+    return {"executables": ["/usr/local/bin/" + engine for engine in STANDIN_ENGINES], "nvml_state": NVML_STATE}
 
 
 def uninstall(root: Path) -> None:
     root = Path(root)
-    for engine in ("vllm", "sglang"):
+    for engine in STANDIN_ENGINES:
         (root / "usr/local/bin" / engine).unlink(missing_ok=True)
         for info in (root / DIST_PACKAGES).glob(engine + "-*.dist-info"):
             shutil.rmtree(info)

@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The inference engines the collection serves, one entry each: what differs between them, written
+once. Private to this collection.
+
+Read by the command builder (plugin_utils/_serve_command.py: which flag carries each setting, how
+secrets reach the engine, the speculative dialect), the readiness gate (modules/inference_ready.py:
+health paths, health timeout, metric names), the argument specs of inference_args and
+inference_ready (their choices), and tools/gen_engine_docs.py, which writes the engine list into
+the documented choices and the role's spec, and docs/inference_service.md's engine table (a unit
+test fails until it is run). What an engine version accepts on its command line is its flag data
+(roles/inference_service/files/flags/, from its real parser), not this file.
+"""
+
+from __future__ import annotations
+
+ENGINES = {
+    "vllm": {
+        "label": "vLLM",
+        # The parser dest of the flag that carries each setting of the role (the model's flag, or
+        # its position, is the flag data's `model`).
+        "flags": {
+            "served_name": "served_model_name",
+            "tensor_parallel_size": "tensor_parallel_size",
+            "gpu_memory_fraction": "gpu_memory_utilization",
+            "max_model_len": "max_model_len",
+            # SIGTERM drains in-flight requests for this long (0 would abort them).
+            "drain_timeout": "shutdown_timeout",
+        },
+        # Flags the role always gives, with why.
+        "always": {},
+        # The secrets it takes, each by the flag the role keeps out of extra_args; the API key reaches
+        # the engine through the environment variable of its flag data (`api_key_env`).
+        "secret_flags": {"api_key": "api_key", "hf_token": "hf_token"},
+        # Secrets given in a --config YAML file (0600), for an engine that reads them from no environment variable.
+        "secret_file_keys": (),
+        # A flag that also turns off /metrics, where the acceptance rate is read.
+        "stats_off_flag": "disable_log_stats",
+        # How its speculative settings are given: "config" (one JSON SpeculativeConfig) or "server_args" (one flag each).
+        "speculative": "config",
+        "health_paths": ("/health",),
+        "health_timeout_s": 10.0,
+        # /metrics: "counters" (drafts, drafted and accepted tokens since start) or "gauges" (the last window's
+        # acceptance rate and mean acceptance length).
+        "metrics": {"kind": "counters", "shown": "vllm:spec_decode_*", "drafts": "vllm:spec_decode_num_drafts",
+                    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+                    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"},
+    },
+    "sglang": {
+        "label": "SGLang",
+        "flags": {
+            "served_name": "served_model_name",
+            "tensor_parallel_size": "tp_size",
+            "gpu_memory_fraction": "mem_fraction_static",
+            "max_model_len": "context_length",
+        },
+        # /metrics exists only with --enable-metrics: the acceptance rate is read there.
+        "always": {"enable_metrics": "speculative (read back from /metrics)"},
+        "secret_flags": {"api_key": "api_key", "admin_api_key": "admin_api_key"},
+        "secret_file_keys": ("api_key", "admin_api_key"),
+        "stats_off_flag": None,
+        "speculative": "server_args",
+        # /health runs a one-token generation (up to 20 s under load); /ready answers once the model is loaded.
+        "health_paths": ("/health", "/ready"),
+        "health_timeout_s": 30.0,
+        "metrics": {"kind": "gauges", "rate": "sglang:spec_accept_rate", "length": "sglang:spec_accept_length"},
+    },
+}
+
+NAMES = list(ENGINES)

@@ -1,0 +1,77 @@
+"""The engines' registry (plugins/module_utils/_engines.py): every flag it names is one the engine's
+own parser has, in every version the role has flag data for; the documented choices, the role's
+spec and docs/inference_service.md's table say what it says (tools/gen_engine_docs.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
+from tools import gen_engine_docs
+
+REPO = Path(__file__).resolve().parents[2]
+FLAGS = REPO / "roles" / "inference_service" / "files" / "flags"
+DATA = sorted(FLAGS.glob("*.json"))
+
+
+def named_dests(engine: dict) -> set:
+    """Every parser dest the registry names for an engine: the command builder writes or refuses each."""
+    return (set(engine["flags"].values()) | set(engine["always"]) | set(engine["secret_flags"].values())
+            | ({engine["stats_off_flag"]} if engine["stats_off_flag"] else set()))
+
+
+@pytest.mark.parametrize("path", DATA, ids=[path.stem for path in DATA])
+def test_every_flag_the_registry_names_is_in_each_version_of_its_engine(path):
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["engine"] in ENGINES, "%s: flag data of an engine the registry does not know" % path.name
+    dests = {option["dest"] for option in data["options"]}
+    assert named_dests(ENGINES[data["engine"]]) - dests == set()
+    if ENGINES[data["engine"]]["secret_file_keys"]:  # the secrets' file is given with --config
+        assert "config" in dests
+
+
+def test_every_engine_has_flag_data_and_a_complete_entry():
+    for name, engine in ENGINES.items():
+        assert any(path.name.startswith(name + "-") for path in DATA), name
+        assert {"served_name", "tensor_parallel_size", "gpu_memory_fraction", "max_model_len"} <= set(engine["flags"])
+        assert engine["speculative"] in ("config", "server_args") and engine["metrics"]["kind"] in ("counters", "gauges")
+        assert engine["health_paths"][0] == "/health" and engine["health_timeout_s"] > 0
+
+
+def test_the_choices_and_the_engine_table_are_the_registrys():
+    assert gen_engine_docs.main(["--check"]) == 0, "run tools/gen_engine_docs.py"
+
+
+def scratch_root(tmp_path: Path) -> Path:
+    """The files the generator reads and writes, copied; the collection is this checkout's."""
+    root = tmp_path / "root"
+    for path in list(gen_engine_docs.CHOICES) + [gen_engine_docs.DOC]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / path, root / path)
+    shutil.copytree(FLAGS, root / FLAGS.relative_to(REPO))
+    (root / ".ansible").mkdir()
+    (root / ".ansible" / "collections").symlink_to(REPO / ".ansible" / "collections")
+    return root
+
+
+def test_a_stale_choice_list_or_table_is_named_then_rewritten(tmp_path, capsys):
+    root = scratch_root(tmp_path)
+    spec = root / "roles" / "inference_service" / "meta" / "argument_specs.yml"
+    spec.write_text(spec.read_text(encoding="utf-8").replace(
+        "choices: [%s]" % ", ".join(ENGINES), "choices: [vllm]"), encoding="utf-8")
+    doc = root / gen_engine_docs.DOC
+    doc.write_text(doc.read_text(encoding="utf-8").replace("| 30 s |", "| 20 s |"), encoding="utf-8")
+    assert gen_engine_docs.main(["--check", "--root", str(root)]) == 1
+    said = capsys.readouterr().out
+    assert "argument_specs.yml" in said and "inference_service.md" in said and "inference_ready.py" not in said
+    assert gen_engine_docs.main(["--root", str(root)]) == 0
+    assert "choices: [%s]" % ", ".join(ENGINES) in spec.read_text(encoding="utf-8")
+    assert gen_engine_docs.main(["--check", "--root", str(root)]) == 0
+
+
+def test_the_gate_and_the_builder_take_the_engines_from_the_registry():
+    from ansible_collections.cleanslate.gpu.plugins.action import inference_args  # pylint: disable=import-outside-toplevel
+    assert inference_args.ARGUMENT_SPEC["engine"]["choices"] == list(ENGINES)
