@@ -68,6 +68,8 @@ def _binds() -> list:
         if not any(path == bound or bound in path.parents for bound in binds):
             binds.append(path)
     return [str(path) for path in binds]
+
+
 # Programs the shim wraps (ansible-test is not: it runs from CORE's venv by `run`).
 PROGRAMS = ["ansible", "ansible-playbook", "ansible-doc", "ansible-galaxy", "ansible-inventory", "ansible-config",
             "ansible-lint"]
