@@ -39,7 +39,8 @@ VENVS = REPO / "build" / "venvs"
 PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
 CONSTRAINTS = REPO / "constraints.txt"
 HOST_LIBS = ["psutil==7.2.2", "nvidia-ml-py==13.615.71"]  # as pinned in requirements.txt
-TEST_TOOLS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "pytest-mock==3.17.0"]
+TEST_TOOLS = ["pytest==9.2.0", "pytest-timeout==2.4.0", "pytest-xdist==3.8.0", "pytest-mock==3.17.0",
+              "prometheus_client==0.26.0"]  # as pinned in requirements-test.txt (the metrics tests parse with it)
 UNIT_PYTHONS = ("3.11", "3.12", "3.13")
 SANITY_PYTHONS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
 MODULE_PYTHON = "3.9"
