@@ -15,25 +15,16 @@ description:
   - Marks the host unreachable when O(status) is C(unreachable) (ansible-playbook then exits with 4), else failed
     (exit status 2), with O(msg) as the message. The host is not contacted again; a host the run already found
     silent would otherwise cost one more connection time-out.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: The same verdict; it never changes anything.
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   status:
     description: The host's status, as in C(node_reset_result.status).

@@ -26,25 +26,16 @@ description:
   - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted, since that
     heal answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
-author:
-  - cleanslate.gpu maintainers (@cleanslate)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
+  - cleanslate.gpu.attributes
+  - cleanslate.gpu.attributes.action
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
-    support: full
     details: Decides on the state as it is and writes nothing (neither the state nor the metrics).
   diff_mode:
     support: none
-  platform:
-    platforms: posix
 options:
   path:
     description: The breaker's state file on the controller, an absolute path; its directory is created (mode 0700).
