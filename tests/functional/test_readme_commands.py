@@ -144,8 +144,9 @@ def check_playbook(argv, doc, line, tmp_path):
     for index in [index for index, arg in enumerate(args) if arg == "-e" and args[index + 1].startswith("@")][::-1]:
         path = args[index + 1][1:]
         if not (REPO / path).is_file():
-            assert path.startswith("build/") and re.search(r"^\t(?!rm ).*\$\(BUILD\)/%s\b" % re.escape(path[len("build/"):]),
-                                                          MAKEFILE, re.M), "%s: no make target writes %s" % (doc, path)
+            writer = r"^\t(?!rm ).*\$\(BUILD\)/%s\b" % re.escape(path[len("build/"):])
+            assert path.startswith("build/") and re.search(writer, MAKEFILE, re.M), \
+                "%s: no make target writes %s" % (doc, path)
             del args[index:index + 2]
     run = subprocess.run([str(ANSIBLE_PLAYBOOK), *args, "--list-hosts"], cwd=REPO, capture_output=True,
                          text=True, check=False, timeout=300)
