@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import render, write_atomically
@@ -63,21 +62,10 @@ def load(path: str) -> dict:
 
 
 def _save(path: str, state: dict) -> None:
-    directory = os.path.dirname(path)
-    fd, temporary = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(state, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.rename(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+    # The metrics' atomic writer: synced temporary, rename, directory synced; mode 0600 as
+    # mkstemp made it before (the state names hosts and alerts, for the controller's user only).
+    write_atomically(os.path.dirname(path) or ".", os.path.basename(path),
+                     json.dumps(state, indent=2, sort_keys=True) + "\n", 0o600)
 
 
 @contextmanager

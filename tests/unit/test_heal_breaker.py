@@ -112,6 +112,27 @@ def test_concurrent_heals_of_different_hosts_lose_no_count(tmp_path):
     assert not [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")]
 
 
+def test_the_state_stays_private_and_a_write_that_dies_keeps_the_old_state(tmp_path, monkeypatch):
+    """The state names hosts and alerts: only the controller's user reads it. A write killed
+    after the temporary was written (here the rename fails) leaves the old state whole and no
+    temporary behind."""
+    path = str(tmp_path / "breaker.json")
+    with breaker.locked(path) as state:
+        breaker.request_heal(state, "gpu1", 1000.0, 3, 3600, 60, TRIGGER)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    before = open(path, encoding="utf-8").read()
+
+    def rename_fails(*args):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "rename", rename_fails)
+    with pytest.raises(breaker.BreakerError, match="cannot be written: disk full"):
+        with breaker.locked(path) as state:
+            breaker.request_heal(state, "gpu1", 1001.0, 3, 3600, 60, TRIGGER)
+    monkeypatch.undo()
+    assert open(path, encoding="utf-8").read() == before
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
 def test_a_state_file_that_is_not_the_breakers_is_never_overwritten(tmp_path):
     path = tmp_path / "breaker.json"
     for text in ("not json", "[]", '{"hosts": []}', '{"hosts": {"gpu1": {"heals": "x", "open": false}}}', "\xff\xfe"):
