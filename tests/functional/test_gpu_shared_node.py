@@ -1,0 +1,66 @@
+"""The GPU machine's servers of one node (tests/gpu/shared_node.py), checked here without a GPU:
+a server and its workers are born in the cgroup named like their unit, the crash kills the API
+server alone, the neighbour's snapshot stays equal while nothing touches it, and the cgroup is
+gone afterwards. What the reset itself does is proven on the GPU machine (docs/gpu_proof.md) and
+with simulated devices in tests/functional/test_gpu_reset*.py.
+
+Runs in a private PID namespace: the crash and the cleanup signal processes."""
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from tests.functional import pidns
+from tests.gpu import scenarios, shared_node
+
+pytestmark = pytest.mark.skipif(pidns.available() is not None, reason=str(pidns.available()))
+
+
+def two_servers(ns, units, workdir):  # pylint: disable=unused-argument
+    """PID 1 of the namespace: a server with two device-opening workers in each unit's cgroup; the first crashes."""
+    started, cgroups = scenarios.Started(), shared_node.UnitCgroups()
+    try:
+        paths = [cgroups.make(unit) for unit in units]
+        broken, healthy = (shared_node.start_server(started, scenarios.Path(workdir), path, "0", 2, "open-devices", 0)
+                           for path in paths)
+        out = {"broken": broken, "healthy": healthy, "made": [os.path.isdir(path) for path in paths],
+               "cgroups": {str(pid): shared_node.cgroup_of(pid) for pid in broken["pids"] + healthy["pids"]}}
+        before = shared_node.snapshot(healthy["pids"])
+        shared_node.crash(started, broken["parent"])
+        out.update(parent_alive=scenarios.alive(broken["parent"]),
+                   workers_alive=[scenarios.alive(pid) for pid in broken["workers"]],
+                   same=shared_node.snapshot(healthy["pids"]) == before,
+                   identities=[v["identity"] for v in before.values()])
+    finally:
+        started.kill_all()
+        cgroups.remove()
+    out["removed"] = [not os.path.exists(path) for path in paths]
+    return out
+
+
+def test_servers_live_in_their_units_cgroups_and_a_crash_kills_the_api_server_alone(tmp_path):
+    if not shared_node.cgroup2_mount() or not os.access(shared_node.cgroup2_mount(), os.W_OK):
+        pytest.skip("no writable cgroup v2 hierarchy here")
+    units = ["cleanslate-test-%s.service" % uuid.uuid4().hex[:8] for _unit in range(2)]
+    out = pidns.run_in_pidns("tests.functional.test_gpu_shared_node:two_servers", units=units, workdir=str(tmp_path))
+    assert out["made"] == [True, True]
+    for unit, server in zip(units, (out["broken"], out["healthy"])):
+        assert len(server["pids"]) == 3 and server["workers"] == server["pids"][1:]
+        # every process, the workers too, is in its unit's cgroup: what spare_units matches on the GPU machine
+        assert all(any(path.rsplit("/", 1)[-1] == unit for path in out["cgroups"][str(pid)])
+                   for pid in server["pids"]), out["cgroups"]
+    assert out["parent_alive"] is False and out["workers_alive"] == [True, True]
+    assert out["same"] and all(out["identities"])
+    assert out["removed"] == [True, True]
+
+
+def test_the_two_gpu_servers_scenario_starts_nothing_on_one_gpu(tmp_path, fake_nvml_lib, monkeypatch):
+    from tests.fixtures.fake_nvml import FakeNvml  # pylint: disable=import-outside-toplevel
+    fake = FakeNvml(tmp_path / "nvml", lib_dir=fake_nvml_lib)
+    fake.create(gpu_count=1)
+    for name, value in fake.env().items():
+        monkeypatch.setenv(name, value)
+    result = shared_node.shared_node_scenario("x", tmp_path, 2, "0", "1", "hold")
+    assert result == {"scenario": "x", "skipped": "needs 2 GPUs, this machine has 1", "passed": True, "checks": {}}
