@@ -131,8 +131,9 @@ def crash(started: Started, parent: int) -> None:
 
 
 def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu: str, neighbour_gpu: str | None,
-                         neighbour_role: str) -> dict:
-    """Start the two servers, crash the first, reset it alone, compare the neighbour before and after."""
+                         neighbour_role: str, broken_role: str = "hold", units: tuple = UNITS) -> dict:
+    """Start the two servers, crash the first, reset it alone, compare the neighbour before and after.
+    broken_role and units are for the CPU's run of the same steps (tests/functional/test_gpu_shared_node.py)."""
     sys.path.insert(0, str(REPO))
     from tests.run_module import run_module  # pylint: disable=import-outside-toplevel
     result = {"scenario": name}
@@ -147,20 +148,20 @@ def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu:
     started, cgroups = Started(), UnitCgroups()
     try:
         try:
-            broken_cg, healthy_cg = cgroups.make(UNITS[0]), cgroups.make(UNITS[1])
+            broken_cg, healthy_cg = cgroups.make(units[0]), cgroups.make(units[1])
         except OSError as exc:
             result.update(skipped="no cgroup named like a unit can be made here: %s" % exc, passed=True, checks={})
             return result
-        broken = start_server(started, workdir, broken_cg, broken_gpu, 2, "hold", 2048)
+        broken = start_server(started, workdir, broken_cg, broken_gpu, 2, broken_role, 2048)
         healthy = start_server(started, workdir, healthy_cg, neighbour_gpu or broken_gpu, 2 if neighbour_gpu else 1,
                                neighbour_role, 2048)
-        result["servers"] = {UNITS[0]: broken, UNITS[1]: healthy}
+        result["servers"] = {units[0]: broken, units[1]: healthy}
         result["cgroups"] = {str(pid): cgroup_of(pid) for pid in broken["pids"] + healthy["pids"]}
         crash(started, broken["parent"])
         left = [pid for pid in broken["pids"] if alive(pid)]
         result["before"] = nvml_read()
         neighbour_before = snapshot(healthy["pids"])
-        params = {"gpus": [broken_gpu], "cmdline_patterns": [PATTERN], "spare_units": [UNITS[1]],
+        params = {"gpus": [broken_gpu], "cmdline_patterns": [PATTERN], "spare_units": [units[1]],
                   "spare_gpus": [neighbour_gpu] if neighbour_gpu else [], "grace_period": 5}
         unscoped = run_module("gpu_reset", {"gpus": [broken_gpu], "cmdline_patterns": [PATTERN]}, check=True)
         preview = run_module("gpu_reset", params, check=True)
@@ -173,7 +174,7 @@ def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu:
             return result
         # A GPU both reset and spared is refused before anything is read or signalled.
         overlap = run_module("gpu_reset", dict(params, spare_gpus=[broken_gpu]))
-        still = [pid for pid in left + healthy["pids"] if alive(pid)]
+        overlap_spared_all = all(alive(pid) for pid in left + healthy["pids"])
         reset = run_module("gpu_reset", params)
         started.reap()
         verify = run_module("nvml_verify", {"gpus": [broken_gpu], "timeout": 30})
@@ -188,12 +189,11 @@ def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu:
         checks = {
             "every process started in its unit's cgroup": all(
                 any(path.split("/")[-1] == unit for path in result["cgroups"][str(pid)])
-                for unit, info in ((UNITS[0], broken), (UNITS[1], healthy)) for pid in info["pids"]),
+                for unit, info in ((units[0], broken), (units[1], healthy)) for pid in info["pids"]),
             "without the spare options the neighbour's parent would be a target":
                 healthy["parent"] in result["preview_without_spare"],
             "spare_gpus naming the reset GPU refused, naming spare_gpus, nothing signalled":
-                bool(overlap.get("failed")) and "spare_gpus" in str(overlap.get("msg"))
-                and all(alive(pid) for pid in still),
+                bool(overlap.get("failed")) and "spare_gpus" in str(overlap.get("msg")) and overlap_spared_all,
             "gpu_reset ok, its targets the broken server's workers": reset.get("rc") == 0 and not reset.get("failed")
                 and sorted(t["pid"] for t in reset.get("targets", [])) == sorted(left),
             "the broken server's processes gone": not any(alive(pid) for pid in broken["pids"]),
@@ -202,7 +202,7 @@ def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu:
             "the neighbour's processes exactly as before (pid, parent, start time, cgroup, device fds)":
                 neighbour_after == neighbour_before and all(v["identity"] for v in neighbour_after.values()),
             "the neighbour's pattern-matched processes reported as spared, naming its unit":
-                all(pid in spared and UNITS[1] in str(spared[pid].get("why")) for pid in pattern_matched),
+                all(pid in spared and units[1] in str(spared[pid].get("why")) for pid in pattern_matched),
         }
         if neighbour_gpu:
             gpu = int(neighbour_gpu)
