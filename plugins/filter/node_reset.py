@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _ranges
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
@@ -44,11 +45,6 @@ NUMBERS = tuple(_module_rule(name, rule, zero_allowed=name == "node_reset_nvml_v
 )
 ZERO_ALLOWED = ("node_reset_pve_vmid", "node_reset_nvml_verify_expected_count")
 SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus", "node_reset_gpu_reset_spare_gpus")
-# systemd's unit name characters (an instance after @); a unit stopped by name may leave out its
-# .service, a spared one names its cgroup, so it carries the suffix of a unit that holds processes.
-UNIT = re.compile(r"[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\Z")
-SPARE_SUFFIXES = (".service", ".scope", ".slice")
-UNIT_NAME_MAX = 255  # systemd's UNIT_NAME_MAX
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths", "node_reset_metrics_dir")
@@ -142,14 +138,14 @@ def unit_problems(values: Mapping) -> list:
     problems = []
     stopped = values.get("node_reset_units")
     stopped = _items(stopped) if stopped is not None else []
-    bad = [u for u in stopped if not isinstance(u, str) or not UNIT.match(u) or u.startswith(".") or len(u) > UNIT_NAME_MAX]
+    # A unit stopped by name may leave out its .service; a spared one names its cgroup, so it has its suffix.
+    bad = [u for u in stopped if not is_unit_name(u)]
     if bad:
         problems.append("node_reset_units has %s: a unit is a systemd unit name such as vllm-a.service, on one line."
                         % ", ".join(map(_role_spec.shown, bad)))
     spared = values.get("node_reset_gpu_reset_spare_units")
     spared = _items(spared) if spared is not None else []
-    bad = [u for u in spared if not isinstance(u, str) or not UNIT.match(u) or u.startswith(".")
-           or len(u) > UNIT_NAME_MAX or not u.endswith(SPARE_SUFFIXES)]
+    bad = [u for u in spared if not is_unit_name(u, holds_processes=True)]
     if bad:
         problems.append("node_reset_gpu_reset_spare_units has %s: a unit is a systemd unit name with the suffix of a"
                         " unit that holds processes (.service, .scope, .slice), such as vllm-b.service."
