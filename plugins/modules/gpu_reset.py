@@ -447,7 +447,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
@@ -471,10 +471,6 @@ NVIDIA_IN_MAPS = re.compile(b"/nvidia")
 # GPU selectors: ASCII digits only ("\u00b2".isdigit() is true, and int() refuses it), or a UUID.
 GPU_INDEX = re.compile(r"[0-9]{1,4}")
 GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+", re.IGNORECASE)
-# A unit that holds processes, so that it has a cgroup of its own: systemd's unit name characters
-# (an instance after @), then the suffix. Anything else never names a cgroup path component.
-SPARE_UNIT = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?\.(?:service|scope|slice)")
-UNIT_NAME_MAX = 255  # systemd's UNIT_NAME_MAX
 
 # Memory NVML shows as used on a GPU beyond what it lists for live processes that explain
 # themselves. The real driver lists a process's share a few MiB below what it counts as used;
@@ -547,7 +543,7 @@ def input_problems(params):
 
 def unit_problem(unit):
     """The sentence saying why a spare_units item is no unit that holds processes, or None."""
-    if len(unit) <= UNIT_NAME_MAX and SPARE_UNIT.fullmatch(unit) and not unit.startswith("."):
+    if is_unit_name(unit, holds_processes=True):
         return None
     return ("spare_units: %r is not a systemd unit name with the suffix of a unit that holds processes (.service, "
             ".scope, .slice), such as 'vllm-b.service'" % unit)
