@@ -8,6 +8,7 @@ Runs in a private PID namespace: the crash and the cleanup signal processes."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -66,16 +67,19 @@ def test_the_two_gpu_servers_scenario_starts_nothing_on_one_gpu(tmp_path, fake_n
     assert result == {"scenario": "x", "skipped": "needs 2 GPUs, this machine has 1", "passed": True, "checks": {}}
 
 
-def neighbour_without_context(ns, workdir, units):  # pylint: disable=unused-argument
-    """PID 1 of the namespace: scenario 13's steps, with workers that open device files for the broken server too."""
-    return shared_node.shared_node_scenario("13-cpu", scenarios.Path(workdir), 1, "0", None, "open-devices",
-                                            broken_role="open-devices", units=tuple(units))
+def neighbour_without_context(ns, workdir, units, playbook):  # pylint: disable=unused-argument
+    """PID 1 of the namespace: scenario 13's or 14's steps, with workers that open device files for the broken server too."""
+    return shared_node.shared_node_scenario("cpu", scenarios.Path(workdir), 1, "0", None, "open-devices",
+                                            broken_role="open-devices", units=tuple(units), playbook=playbook)
 
 
-def test_scenario_13s_steps_reset_the_broken_server_alone_here_too(tmp_path, fake_nvml_lib, monkeypatch):
-    """The GPU machine's scenario 13, run through on the CPU: the real gpu_reset (spare_units) and nvml_verify
-    (the fake NVML, one idle GPU) against two servers in their units' cgroups, whose workers match the engine's
-    pattern. Here no /dev/nvidia* exists, so the one check about the neighbour's open device files cannot hold."""
+@pytest.mark.parametrize("playbook", [False, True], ids=["13-modules", "14-reset-yml"])
+def test_scenario_13s_and_14s_steps_reset_the_broken_server_alone_here_too(tmp_path, fake_nvml_lib, monkeypatch,
+                                                                           playbook):
+    """The GPU machine's scenarios 13 and 14, run through on the CPU: the real gpu_reset (spare_units) and
+    nvml_verify, or reset.yml with node_reset's variables (the fake NVML, one idle GPU), against two servers in
+    their units' cgroups, whose workers match the engine's pattern. Here no /dev/nvidia* exists, so the one
+    check about the neighbour's open device files cannot hold."""
     if not shared_node.cgroup2_mount() or not os.access(shared_node.cgroup2_mount(), os.W_OK):
         pytest.skip("no writable cgroup v2 hierarchy here")
     from tests.fixtures.fake_nvml import FakeNvml  # pylint: disable=import-outside-toplevel
@@ -84,12 +88,17 @@ def test_scenario_13s_steps_reset_the_broken_server_alone_here_too(tmp_path, fak
     for name, value in fake.env().items():
         monkeypatch.setenv(name, value)
     units = ["cleanslate-test-%s.service" % uuid.uuid4().hex[:8] for _unit in range(2)]
+    # reset.yml's runs write their logs beside the scenario's work folder, and its report under reports/
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
     result = pidns.run_in_pidns("tests.functional.test_gpu_shared_node:neighbour_without_context",
-                                workdir=str(tmp_path), units=units)
+                                workdir=str(workdir), units=units, playbook=playbook)
     assert "error" not in result and "skipped" not in result, result.get("error") or result.get("skipped")
     checks = dict(result["checks"])
     assert checks.pop("the neighbour's worker still has the device files open") is False
-    assert checks and all(checks.values()), checks
+    assert len(checks) == (8 if playbook else 9) and all(checks.values()), checks
     healthy = result["servers"][units[1]]
-    assert sorted(item["pid"] for item in result["reset"]["spared"]) == sorted(healthy["pids"])
+    if not playbook:
+        assert sorted(item["pid"] for item in result["reset"]["spared"]) == sorted(healthy["pids"])
     assert sorted(result["preview_without_spare"]) == sorted(result["servers"][units[0]]["workers"] + healthy["pids"])

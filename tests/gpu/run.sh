@@ -28,5 +28,4 @@ nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --form
 python3 tests/gpu/probe_driver.py | tee "$out/probe.txt"
 rc=0
 python3 -m tests.gpu.scenarios --out "$out" ${SCENARIOS:+--only $SCENARIOS} || rc=$?
-cp -r reports "$out/" 2>/dev/null || true
 exit $rc

@@ -168,9 +168,11 @@ def run_reset(extra: dict, log: Path) -> dict:
     vars_file.write_text(json.dumps(extra))
     inventory = log.parent / "inventory.yml"
     inventory.write_text(INVENTORY % PY)
+    # The fleet report beside the log, where no other run writes (the newest one there is this run's).
+    report_dir = log.parent / "reports"
     start = time.monotonic()
     out = subprocess.run(["ansible-playbook", "playbooks/reset.yml", "-i", str(inventory), "-l", "gpu_nodes",
-                          "-e", "@" + str(vars_file)],
+                          "-e", "@" + str(vars_file), "-e", "fleet_report_path=" + str(report_dir)],
                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
     seconds = time.monotonic() - start
     log.write_text(out.stdout + out.stderr)
@@ -178,7 +180,7 @@ def run_reset(extra: dict, log: Path) -> dict:
     if not recap:
         raise RuntimeError("no play recap; see %s\n%s" % (log, out.stdout[-3000:] + out.stderr[-2000:]))
     ok, changed, unreachable, failed = (int(x) for x in recap.groups())
-    reports = sorted((REPO / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    reports = sorted(report_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
     row = json.loads(reports[-1].read_text())["hosts"][0] if reports else {}
     return {"rc": out.returncode, "changed": changed, "failed": failed + unreachable, "seconds": round(seconds, 2),
             "report": str(reports[-1]) if reports else None, "row": row}

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.gpu.scenarios import IDLE_MIB, REPO, TAG, Started, alive, guard, identity, nvml_read
+from tests.gpu.scenarios import IDLE_MIB, PROTECT, REPO, TAG, Started, alive, guard, identity, nvml_read, run_reset
 
 UNITS = ("vllm-a.service", "vllm-b.service")  # the broken server's unit, the healthy neighbour's
 PATTERN = re.escape(TAG)  # the engine's pattern: every server's command line matches it
@@ -130,10 +130,57 @@ def crash(started: Started, parent: int) -> None:
         time.sleep(0.05)
 
 
+def reset_by_modules(run_module, params: dict, left: list, neighbour: list, spared_ones: list) -> tuple:
+    """gpu_reset then nvml_verify of the broken GPU, as node_reset's steps run them: (record, checks).
+    spared_ones: the neighbour's processes gpu_reset must report in `spared`."""
+    broken_gpu = params["gpus"][0]
+    # A GPU both reset and spared is refused before anything is read or signalled.
+    overlap = run_module("gpu_reset", dict(params, spare_gpus=[broken_gpu]))
+    overlap_spared_all = all(alive(pid) for pid in left + neighbour)
+    reset = run_module("gpu_reset", params)
+    verify = run_module("nvml_verify", {"gpus": [broken_gpu], "timeout": 30})
+    spared = {item["pid"]: item for item in reset.get("spared") or []}
+    record = {"overlap": {"failed": overlap.get("failed"), "msg": overlap.get("msg")},
+              "reset": {k: reset.get(k) for k in ("rc", "failed", "msg", "targets", "spared", "survivors")},
+              "verify": {k: verify.get(k) for k in ("rc", "ok", "failed", "msg", "problems")}}
+    return record, {
+        "spare_gpus naming the reset GPU refused, naming spare_gpus, nothing signalled":
+            bool(overlap.get("failed")) and "spare_gpus" in str(overlap.get("msg")) and overlap_spared_all,
+        "gpu_reset ok, its targets the broken server's workers": reset.get("rc") == 0 and not reset.get("failed")
+            and sorted(t["pid"] for t in reset.get("targets", [])) == sorted(left),
+        "nvml_verify of GPU %s alone passed" % broken_gpu: verify.get("ok") is True and not verify.get("failed"),
+        "the neighbour's pattern-matched processes reported as spared, naming its unit":
+            all(pid in spared and params["spare_units"][0] in str(spared[pid].get("why")) for pid in spared_ones),
+    }
+
+
+def reset_by_playbook(params: dict, left: list, neighbour: list, logs: Path) -> tuple:
+    """playbooks/reset.yml -l gpu_nodes on this machine with node_reset's variables for the broken
+    instance (the role runs gpu_reset, shm_clean and nvml_verify of node_reset_nvml_verify_gpus),
+    twice, after a run that spares the GPU it resets: (record, checks)."""
+    variables = {"node_reset_gpu_reset_%s" % option: value for option, value in params.items()}
+    variables.update(node_reset_gpu_reset_protect_names=PROTECT, node_reset_nvml_verify_gpus=params["gpus"])
+    overlap = run_reset(dict(variables, node_reset_gpu_reset_spare_gpus=params["gpus"]), logs / "shared-node-overlap.log")
+    overlap_log = (logs / "shared-node-overlap.log").read_text()
+    overlap_spared_all = all(alive(pid) for pid in left + neighbour)
+    first = run_reset(variables, logs / "shared-node-first.log")
+    second = run_reset(variables, logs / "shared-node-second.log")
+    record = {"variables": variables, "overlap": overlap, "first": first, "second": second}
+    return record, {
+        "node_reset_gpu_reset_spare_gpus naming the reset GPU refused by name, nothing signalled":
+            overlap["rc"] != 0 and "node_reset_gpu_reset_spare_gpus" in overlap_log and overlap_spared_all,
+        "reset.yml ok; the report: the broken server's workers killed": first["rc"] == 0 and first["failed"] == 0
+            and first["row"].get("killed") == len(left),
+        "a second reset.yml changed nothing (the neighbour spared again)": second["rc"] == 0 and second["changed"] == 0,
+    }
+
+
 def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu: str, neighbour_gpu: str | None,
-                         neighbour_role: str, broken_role: str = "hold", units: tuple = UNITS) -> dict:
-    """Start the two servers, crash the first, reset it alone, compare the neighbour before and after.
-    broken_role and units are for the CPU's run of the same steps (tests/functional/test_gpu_shared_node.py)."""
+                         neighbour_role: str, broken_role: str = "hold", units: tuple = UNITS,
+                         playbook: bool = False) -> dict:
+    """Start the two servers, crash the first, reset it alone (gpu_reset and nvml_verify, or with
+    playbook reset.yml), compare the neighbour before and after. broken_role and units are for the
+    CPU's run of the same steps (tests/functional/test_gpu_shared_node.py)."""
     sys.path.insert(0, str(REPO))
     from tests.run_module import run_module  # pylint: disable=import-outside-toplevel
     result = {"scenario": name}
@@ -172,38 +219,28 @@ def shared_node_scenario(name: str, workdir: Path, gpus_needed: int, broken_gpu:
         if stop:
             result["error"] = "check mode: %s; nothing was signalled" % stop
             return result
-        # A GPU both reset and spared is refused before anything is read or signalled.
-        overlap = run_module("gpu_reset", dict(params, spare_gpus=[broken_gpu]))
-        overlap_spared_all = all(alive(pid) for pid in left + healthy["pids"])
-        reset = run_module("gpu_reset", params)
+        if playbook:
+            record, checks = reset_by_playbook(params, left, healthy["pids"], workdir.parent)
+        else:
+            # Reported in `spared`: at least the neighbour's pattern-matched processes that hold no GPU
+            # of the reset (a worker on another GPU is out of `gpus`' scope as well, whichever is said).
+            spared_ones = [healthy["parent"]] + ([] if neighbour_gpu else healthy["workers"])
+            record, checks = reset_by_modules(run_module, params, left, healthy["pids"], spared_ones)
         started.reap()
-        verify = run_module("nvml_verify", {"gpus": [broken_gpu], "timeout": 30})
         after = nvml_read()
         neighbour_after = snapshot(healthy["pids"])
-        result.update(overlap={"failed": overlap.get("failed"), "msg": overlap.get("msg")},
-                      reset={k: reset.get(k) for k in ("rc", "failed", "msg", "targets", "spared", "survivors")},
-                      verify={k: verify.get(k) for k in ("rc", "ok", "failed", "msg", "problems")}, after=after,
-                      neighbour={"before": neighbour_before, "after": neighbour_after})
-        spared = {item["pid"]: item for item in reset.get("spared") or []}
-        pattern_matched = [healthy["parent"]] + ([] if neighbour_gpu else healthy["workers"])
-        checks = {
+        result.update(record, after=after, neighbour={"before": neighbour_before, "after": neighbour_after})
+        checks.update({
             "every process started in its unit's cgroup": all(
                 any(path.split("/")[-1] == unit for path in result["cgroups"][str(pid)])
                 for unit, info in ((units[0], broken), (units[1], healthy)) for pid in info["pids"]),
             "without the spare options the neighbour's parent would be a target":
                 healthy["parent"] in result["preview_without_spare"],
-            "spare_gpus naming the reset GPU refused, naming spare_gpus, nothing signalled":
-                bool(overlap.get("failed")) and "spare_gpus" in str(overlap.get("msg")) and overlap_spared_all,
-            "gpu_reset ok, its targets the broken server's workers": reset.get("rc") == 0 and not reset.get("failed")
-                and sorted(t["pid"] for t in reset.get("targets", [])) == sorted(left),
             "the broken server's processes gone": not any(alive(pid) for pid in broken["pids"]),
             "GPU %s idle (NVML v2 used < %d MiB)" % (broken_gpu, IDLE_MIB): after[int(broken_gpu)]["v2_used_mib"] < IDLE_MIB,
-            "nvml_verify of GPU %s alone passed" % broken_gpu: verify.get("ok") is True and not verify.get("failed"),
             "the neighbour's processes exactly as before (pid, parent, start time, cgroup, device fds)":
                 neighbour_after == neighbour_before and all(v["identity"] for v in neighbour_after.values()),
-            "the neighbour's pattern-matched processes reported as spared, naming its unit":
-                all(pid in spared and units[1] in str(spared[pid].get("why")) for pid in pattern_matched),
-        }
+        })
         if neighbour_gpu:
             gpu = int(neighbour_gpu)
             checks["GPU %s's NVML memory and processes exactly as before" % neighbour_gpu] = (
@@ -230,4 +267,6 @@ SHARED_NODE_SCENARIOS = [
      lambda workdir: shared_node_scenario("12-two-servers-two-gpus", workdir, 2, "0", "1", "hold")),
     ("13-neighbour-without-context",
      lambda workdir: shared_node_scenario("13-neighbour-without-context", workdir, 1, "0", None, "open-devices")),
+    ("14-neighbour-reset-yml",
+     lambda workdir: shared_node_scenario("14-neighbour-reset-yml", workdir, 1, "0", None, "open-devices", playbook=True)),
 ]
