@@ -38,6 +38,19 @@ def two_servers(ns, units, workdir):  # pylint: disable=unused-argument
         started.kill_all()
         cgroups.remove()
     out["removed"] = [not os.path.exists(path) for path in paths]
+    # The next scenario starts its server under the same ready file's name; a worker it loses track of
+    # is still killed with its cgroup.
+    started, cgroups = scenarios.Started(), shared_node.UnitCgroups()
+    try:
+        again = shared_node.start_server(started, scenarios.Path(workdir), cgroups.make(units[0]), "0", 2,
+                                         "open-devices", 0)
+        out["again"] = [scenarios.identity(pid) and scenarios.identity(pid)[0] == again["parent"]
+                        for pid in again["workers"]]
+        started.pids.clear()
+        cgroups.remove()
+        out["again_left"] = [pid for pid in again["pids"] if scenarios.alive(pid)]
+    finally:
+        started.kill_all()
     return out
 
 
@@ -55,6 +68,8 @@ def test_servers_live_in_their_units_cgroups_and_a_crash_kills_the_api_server_al
     assert out["parent_alive"] is False and out["workers_alive"] == [True, True]
     assert out["same"] and all(out["identities"])
     assert out["removed"] == [True, True]
+    assert out["again"] == [True, True], "the second server reported workers that are not its own"
+    assert out["again_left"] == [], "a process was left in a removed unit's cgroup"
 
 
 def test_the_two_gpu_servers_scenario_starts_nothing_on_one_gpu(tmp_path, fake_nvml_lib, monkeypatch):

@@ -176,6 +176,8 @@ def server(args):
     workers = []
     for number in range(args.workers):
         ready = "%s.worker%d" % (args.ready, number)
+        if os.path.exists(ready):  # an earlier scenario's server of the same name: its pids are not these
+            os.unlink(ready)
         argv = [sys.executable, "-m", "tests.gpu.holders", args.worker_role, "--ready", ready, "--mib", str(args.mib),
                 "--tag", args.tag, "--device", str(args.device)]
         workers.append((subprocess.Popen(argv, stdin=subprocess.DEVNULL), ready))

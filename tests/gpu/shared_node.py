@@ -64,7 +64,13 @@ class UnitCgroups:
         return path
 
     def remove(self):
+        """Kill what is left in them (only processes this script started are born there), then remove them."""
         for path in reversed(self.made):
+            for pid in read_procs(path):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             deadline = time.monotonic() + 10
             while True:
                 try:
@@ -74,6 +80,15 @@ class UnitCgroups:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.1)
+
+
+def read_procs(path: str) -> list:
+    """The pids in a cgroup directory (cgroup.procs)."""
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as handle:
+            return [int(line) for line in handle if line.strip()]
+    except OSError:
+        return []
 
 
 def cgroup_of(pid: int) -> list:
