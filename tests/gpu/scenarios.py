@@ -8,7 +8,7 @@ Run by tests/gpu/run.sh (which sets up ansible from carried wheels). Before each
 check-mode gpu_reset lists its targets; if any target is not a process this script started,
 the scenario stops without signalling anything (a real GPU machine may run things of others).
 
-Scenarios 12 and 13 (tests/gpu/shared_node.py) put two servers on one node, each in a cgroup
+Scenarios 12 to 14 (tests/gpu/shared_node.py) put two servers on one node, each in a cgroup
 named like its unit, crash one and reset it alone; 12 needs two GPUs.
 
 Scenarios 7 to 11 need two GPUs (they report SKIP on one) and run gpu_reset itself, as Ansible

@@ -14,6 +14,9 @@ and nvml_verify of the broken GPU alone.
   13-neighbour-without-context  one GPU: the broken server's CUDA tree on GPU 0; the neighbour's parent
                              and a worker that has every device file open without mapping it (no
                              context) both match the pattern and are spared by their unit's cgroup.
+  14-neighbour-reset-yml      13's node, reset by playbooks/reset.yml with node_reset's variables
+                             (node_reset_gpu_reset_spare_units, _spare_gpus, node_reset_nvml_verify_gpus):
+                             a refused overlap first, then the reset, then a second run with changed=0.
 
 Before anything is signalled, gpu_reset runs in check mode twice: without the spare options (the
 reset as it was before issue 26: it must find the neighbour, or this scenario proves nothing) and
