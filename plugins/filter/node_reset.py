@@ -267,8 +267,9 @@ def _refused_first(failed_step, steps) -> bool:
     stopped before it, nothing was touched, as when a check on the host refuses it."""
     if failed_step != "pycache_purge":
         return False
-    return ("errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
-            and not _step(steps, "units").get("changed"))
+    if _step(steps, "units").get("changed"):
+        return False  # a unit of node_reset_units was stopped before it
+    return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
 
 
 def _refusal(failed_step, failed_result) -> str:
