@@ -20,6 +20,13 @@ is killed. Roles:
   shm-leftovers torch shared-memory tensors (file_system strategy) and multiprocessing shared
                 memory, then the process is SIGKILLed by the scenario, leaving torch_* and psm_*
                 segments in /dev/shm (scenario 6)
+  server        an inference server as a unit runs it (scenarios 12 and 13): an API-server-like
+                parent without CUDA that first moves itself into the cgroup --cgroup (a directory
+                named like a systemd unit) and then starts --workers workers of role --worker-role
+                (hold: a TP-like worker with a context; open-devices: no context), every command
+                line carrying --tag
+  open-devices  a worker without CUDA that has every NVIDIA device file open and maps none (what a
+                monitor or a tokenizer process beside the GPU workers looks like to the reset)
 Nothing here changes a GPU setting.
 """
 from __future__ import annotations
@@ -27,8 +34,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import glob
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -150,9 +159,44 @@ def shm_leftovers(args):
     sleep_forever()
 
 
+def open_devices(args):
+    set_name("VLLM::Tokenizer")
+    # O_RDWR as NVML opens them; the descriptors stay open (never mapped) until the process is killed.
+    fds = [os.open(path, os.O_RDWR) for path in sorted(glob.glob("/dev/nvidia*")) if not os.path.isdir(path)]
+    report(args.ready, {"pids": [os.getpid()], "fds": len(fds)})
+    sleep_forever()
+
+
+def server(args):
+    if args.cgroup:
+        # Before any child starts, so the workers are born in the unit's cgroup as systemd's would be.
+        with open(os.path.join(args.cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+    set_name("vllm")
+    workers = []
+    for number in range(args.workers):
+        ready = "%s.worker%d" % (args.ready, number)
+        if os.path.exists(ready):  # an earlier scenario's server of the same name: its pids are not these
+            os.unlink(ready)
+        argv = [sys.executable, "-m", "tests.gpu.holders", args.worker_role, "--ready", ready, "--mib", str(args.mib),
+                "--tag", args.tag, "--device", str(args.device)]
+        workers.append((subprocess.Popen(argv, stdin=subprocess.DEVNULL), ready))
+    pids = []
+    for proc, ready in workers:
+        while not os.path.exists(ready):
+            if proc.poll() is not None:
+                sys.exit("worker %d ended with rc=%s before it was ready" % (proc.pid, proc.returncode))
+            time.sleep(0.05)
+        with open(ready) as handle:
+            pids += json.load(handle)["pids"]
+    report(args.ready, {"pids": [os.getpid()] + pids, "parent": os.getpid(), "workers": pids})
+    sleep_forever()
+
+
 ROLES = {"hold": hold, "fork-child": fork_child, "ignore-term": ignore_term, "spawn-tree": spawn_tree,
          "nvml-monitor": nvml_monitor, "shm-leftovers": shm_leftovers, "gpu-monitor": gpu_monitor,
-         "cuda-init": cuda_init}
+         "cuda-init": cuda_init,
+         "open-devices": open_devices, "server": server}
 
 
 def main(argv=None):
@@ -162,6 +206,9 @@ def main(argv=None):
     parser.add_argument("--mib", type=int, default=1024)
     parser.add_argument("--tag", default="", help="a marker for cmdline_patterns")
     parser.add_argument("--device", type=int, default=0, help="the visible GPU that holds the context (hold, fork-child)")
+    parser.add_argument("--workers", type=int, default=2, help="server: how many workers it starts")
+    parser.add_argument("--worker-role", default="hold", choices=["hold", "open-devices"], help="server: its workers' role")
+    parser.add_argument("--cgroup", default="", help="server: the cgroup directory it moves into first")
     args = parser.parse_args(argv)
     ROLES[args.role](args)
 

@@ -6,7 +6,7 @@
 #   bash tests/gpu/run.sh [OUT]        (SCENARIOS='4-spawn-tree ...' runs only those, no benchmarks)
 #
 # Scenarios 7-pinned-gpu-select 8-unpinned-context 9-forked-child-select 10-monitor-client
-# 11-cuda-init-client need two GPUs (nvidia-h200-x2) and report SKIP on one.
+# 11-cuda-init-client 12-two-servers-two-gpus need two GPUs (nvidia-h200-x2) and report SKIP on one.
 #
 # Wheels: `make gpu-wheels` fills .whl/ on a machine with a package index (Python 3.12, x86-64).
 # Nothing here resets a GPU or changes its settings.
@@ -28,5 +28,4 @@ nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --form
 python3 tests/gpu/probe_driver.py | tee "$out/probe.txt"
 rc=0
 python3 -m tests.gpu.scenarios --out "$out" ${SCENARIOS:+--only $SCENARIOS} || rc=$?
-cp -r reports "$out/" 2>/dev/null || true
 exit $rc

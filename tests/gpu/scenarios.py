@@ -8,6 +8,9 @@ Run by tests/gpu/run.sh (which sets up ansible from carried wheels). Before each
 check-mode gpu_reset lists its targets; if any target is not a process this script started,
 the scenario stops without signalling anything (a real GPU machine may run things of others).
 
+Scenarios 12 to 14 (tests/gpu/shared_node.py) put two servers on one node, each in a cgroup
+named like its unit, crash one and reset it alone; 12 needs two GPUs.
+
 Scenarios 7 to 11 need two GPUs (they report SKIP on one) and run gpu_reset itself, as Ansible
 runs it, with `gpus`: pinned holders on GPU 0 and GPU 1, an unpinned process with its context on
 GPU 0, a forked child of a dead parent, an NVML monitor and a CUDA-init-only process that must
@@ -41,7 +44,9 @@ def nvml_read() -> dict:
             "print(json.dumps([{'index':i,'v1_used_mib':m(n.nvmlDeviceGetMemoryInfo(g).used),"
             "'v2_used_mib':m(n.nvmlDeviceGetMemoryInfo(g,version=n.nvmlMemory_v2).used),"
             "'v2_reserved_mib':m(n.nvmlDeviceGetMemoryInfo(g,version=n.nvmlMemory_v2).reserved),"
-            "'pids':[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(g)]} for i,g in enumerate(h)]));"
+            "'pids':[p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(g)],"
+            "'pid_mib':sorted([p.pid,None if p.usedGpuMemory is None else m(p.usedGpuMemory)]"
+            " for p in n.nvmlDeviceGetComputeRunningProcesses(g))} for i,g in enumerate(h)]));"
             "n.nvmlShutdown()")
     return json.loads(subprocess.run([PY, "-c", code], check=True, capture_output=True, text=True).stdout)
 
@@ -54,6 +59,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+def identity(pid: int):
+    """(parent pid, start time) of a live process, or None: a pid reused by another process differs."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[19]))
+
+
 class Started:
     """Processes this script started, by pid, for the preflight guard and the cleanup."""
 
@@ -62,13 +77,14 @@ class Started:
         self.pids = set()
 
     def start(self, role: str, workdir: Path, mib: int = 1024, timeout: float = 300, visible: str | None = None,
-              device: int = 0) -> dict:
-        """Start a holder role; visible: CUDA_VISIBLE_DEVICES for it ("" or None: every GPU visible)."""
+              device: int = 0, extra: tuple = ()) -> dict:
+        """Start a holder role; visible: CUDA_VISIBLE_DEVICES for it ("" or None: every GPU visible);
+        extra: more of the role's arguments."""
         ready = workdir / ("%s-%d-%d.json" % (role, os.getpid(), len(self.procs)))
         if ready.exists():
             ready.unlink()
         argv = [PY, "-m", "tests.gpu.holders", role, "--ready", str(ready), "--mib", str(mib), "--tag", TAG,
-                "--device", str(device)]
+                "--device", str(device)] + list(extra)
         env = dict(os.environ)
         env.pop("CUDA_VISIBLE_DEVICES", None)
         if visible:
@@ -152,9 +168,11 @@ def run_reset(extra: dict, log: Path) -> dict:
     vars_file.write_text(json.dumps(extra))
     inventory = log.parent / "inventory.yml"
     inventory.write_text(INVENTORY % PY)
+    # The fleet report beside the log, where no other run writes (the newest one there is this run's).
+    report_dir = log.parent / "reports"
     start = time.monotonic()
     out = subprocess.run(["ansible-playbook", "playbooks/reset.yml", "-i", str(inventory), "-l", "gpu_nodes",
-                          "-e", "@" + str(vars_file)],
+                          "-e", "@" + str(vars_file), "-e", "fleet_report_path=" + str(report_dir)],
                          cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False)
     seconds = time.monotonic() - start
     log.write_text(out.stdout + out.stderr)
@@ -162,7 +180,7 @@ def run_reset(extra: dict, log: Path) -> dict:
     if not recap:
         raise RuntimeError("no play recap; see %s\n%s" % (log, out.stdout[-3000:] + out.stderr[-2000:]))
     ok, changed, unreachable, failed = (int(x) for x in recap.groups())
-    reports = sorted((REPO / "reports").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    reports = sorted(report_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
     row = json.loads(reports[-1].read_text())["hosts"][0] if reports else {}
     return {"rc": out.returncode, "changed": changed, "failed": failed + unreachable, "seconds": round(seconds, 2),
             "report": str(reports[-1]) if reports else None, "row": row}
@@ -286,15 +304,6 @@ os.replace(ready + ".tmp", ready)
 while True:
     time.sleep(3600)
 """
-
-    def identity(pid):
-        """(parent pid, start time) of a live process, or None."""
-        try:
-            with open("/proc/%d/stat" % pid) as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return None if fields[0] in ("Z", "X") else (int(fields[1]), int(fields[19]))
 
     ready = workdir / ("shm-leftovers-%d.json" % os.getpid())
     if ready.exists():
@@ -558,6 +567,8 @@ def main(argv=None):
                for name, setup in SCENARIOS]
     runners += [(name, lambda setup=setup, name=name: two_gpu_scenario(name, workdir, setup))
                 for name, setup in TWO_GPU_SCENARIOS]
+    from tests.gpu.shared_node import SHARED_NODE_SCENARIOS  # pylint: disable=import-outside-toplevel
+    runners += [(name, lambda run=run: run(workdir)) for name, run in SHARED_NODE_SCENARIOS]
     for name, runner in runners:
         if args.only and name not in args.only:
             continue
