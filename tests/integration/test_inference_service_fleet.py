@@ -335,15 +335,17 @@ def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
     fleet = served.fleet
     served.fault("node2", fault="crash_during_load", load_s=1)
     try:
-        # Each start crashes half way through its load; a few in a row reach the limit (burst 3),
-        # and from then on systemd refuses a start at once.
-        for _start in range(20):
-            if fleet.run("node2", ["systemctl", "start", UNIT], check=False).returncode != 0:
-                break
-            time.sleep(1.5)
+        # Each start crashes half way through its load and systemd restarts it (Restart=on-failure,
+        # 1 s): after StartLimitBurst (3) starts it gives up, and from then on refuses a start.
+        fleet.run("node2", ["systemctl", "restart", UNIT], check=False)
+        deadline = time.monotonic() + 60
+        while served.show("node2", "ActiveState")["ActiveState"] != "failed":
+            assert time.monotonic() < deadline, "the unit did not reach its start limit"
+            time.sleep(0.5)
         served.fault("node2")
         refused = fleet.run("node2", ["systemctl", "start", UNIT], check=False)
-        assert refused.returncode != 0 and served.show("node2", "ActiveState")["ActiveState"] == "failed"
+        journal = fleet.run("node2", ["journalctl", "-u", UNIT, "-n", "20", "--no-pager"], check=False).stdout
+        assert refused.returncode != 0 and served.show("node2", "ActiveState")["ActiveState"] == "failed", journal
         check, _report = served.play(limit="node2", check=True)
         assert check.returncode == 0, check.stdout[-6000:]
         assert served.show("node2", "ActiveState")["ActiveState"] == "failed"  # not cleared by --check
