@@ -109,7 +109,9 @@ def profiled_playbook(fleet, reports: Path) -> dict:
     # The gate's first completion came first_completion_ms after its first /health 200 at the latest.
     serving = service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0 - started
     return {"seconds": seconds, "serving_s": serving, "phases": phases, "gate_s": service["gate_s"],
-            "ready_s": service.get("ready_s"), "host_tasks": len(timed["tasks"]), "tasks": timed["tasks"]}
+            "ready_s": service.get("ready_s"), "tasks": timed["tasks"],
+            # Skipped ones too: each costs the controller a worker even when the host is not contacted.
+            "tasks_started": sum(1 for _s, path, _n in timed["tasks"] if path)}
 
 
 def ritual(fleet) -> float:
