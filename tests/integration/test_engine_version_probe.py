@@ -100,7 +100,9 @@ def test_the_python_of_an_env_shebang_is_asked(tmp_path):
 
 def test_a_given_version_is_not_asked_for(tmp_path):
     venv = fake_engine(tmp_path, "vllm", "0.30.0")
-    proc = validate(tmp_path, "--check", inference_service_venv=str(venv), inference_service_engine_version="0.32.0",
+    # -v prints what the host look found: no engine_version line, the installed engine was not asked.
+    proc = validate(tmp_path, "--check", "-v", inference_service_venv=str(venv), inference_service_engine_version="0.32.0",
                     inference_service_fail_host=False)
     assert "checked with 0.32.0" in proc.stdout, proc.stdout[-3000:]
-    assert "Ask the host's engine for its version" in proc.stdout  # shown as skipped
+    assert "Look at the engine's version, the executable" in proc.stdout and "unit_file=" in proc.stdout, proc.stdout[-3000:]
+    assert "engine_version=0.30.0" not in proc.stdout, proc.stdout[-3000:]

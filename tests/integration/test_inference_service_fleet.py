@@ -328,6 +328,37 @@ def test_a_crash_during_load_fails_the_gate_at_once_with_the_journal(served):
         served.heal("node2")
 
 
+def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
+    """A server that crash-looped into systemd's start limit (StartLimitBurst starts within
+    StartLimitIntervalSec) is refused by every `systemctl start` until the limit is cleared: the
+    run clears it, in the task that reads the unit's state, and serves again; --check clears nothing."""
+    fleet = served.fleet
+    served.fault("node2", fault="crash_during_load", load_s=1)
+    try:
+        # Each start crashes half way through its load and systemd restarts it (Restart=on-failure,
+        # 1 s): after StartLimitBurst (3) starts it gives up, and from then on refuses a start.
+        fleet.run("node2", ["systemctl", "restart", UNIT], check=False)
+        deadline = time.monotonic() + 60
+        while served.show("node2", "ActiveState")["ActiveState"] != "failed":
+            assert time.monotonic() < deadline, "the unit did not reach its start limit"
+            time.sleep(0.5)
+        served.fault("node2")
+        refused = fleet.run("node2", ["systemctl", "start", UNIT], check=False)
+        journal = fleet.run("node2", ["journalctl", "-u", UNIT, "-n", "20", "--no-pager"], check=False).stdout
+        assert refused.returncode != 0 and served.show("node2", "ActiveState")["ActiveState"] == "failed", journal
+        check, _report = served.play(limit="node2", check=True)
+        assert check.returncode == 0, check.stdout[-6000:]
+        assert served.show("node2", "ActiveState")["ActiveState"] == "failed"  # not cleared by --check
+        proc, report = served.play(limit="node2")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert re.search(r"clear a failed state and start limit\] \**\nchanged: \[node2\]", proc.stdout), proc.stdout[-6000:]
+        assert served.rows(report)["node2"]["service"]["status"] == "ready"
+        assert served.show("node2", "ActiveState")["ActiveState"] == "active"
+        assert served.get("node2", "/health")[0] == 200
+    finally:
+        served.heal("node2")
+
+
 def test_a_server_that_never_gets_ready_fails_at_the_deadline_with_progress_lines(served):
     served.fault("node3", fault="never_ready")
     served.vars["node3"].update(inference_service_ready_timeout=4, inference_service_progress_interval=1)
