@@ -214,6 +214,16 @@ def read_cgroup(pid, proc=PROC):
         return ""
 
 
+def cgroup_components(text):
+    """Every component of every path in /proc/PID/cgroup text (cgroup v2 and each v1 hierarchy):
+    a systemd unit's processes have the unit's name as one, e.g. system.slice/vllm-b.service."""
+    found = set()
+    for line in text.splitlines():
+        path = kernel_path(line.split(":", 2)[-1])
+        found.update(part for part in path.split("/") if part)
+    return found
+
+
 def is_kernel_thread(stat):
     """What the kernel flags as one, and nothing else: inside a container's PID namespace
     pid 2 and its children are ordinary processes (often the inference server itself)."""
@@ -242,8 +252,9 @@ def now_ticks():
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
-def process_table(with_cmdline=False, proc=PROC, paths=None):
-    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass.
+def process_table(with_cmdline=False, proc=PROC, paths=None, pids=None):
+    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass (or for those of
+    `pids` that are).
 
     With `paths` (absolute, as the kernel prints them), each entry also has 'opened' and
     'mapped': the sets of those paths the process has open and has mapped. A process's
@@ -253,7 +264,7 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
     """
     wanted, needle = _wanted(paths) if paths is not None else (None, None)
     table = {}
-    for pid in _pids(proc):
+    for pid in sorted(pids) if pids is not None else _pids(proc):
         stat = read_stat(pid, proc)
         if stat is None:
             continue
@@ -268,6 +279,12 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
             stat["state"] = again["state"]  # a process that exited meanwhile is a zombie now
         table[pid] = stat
     return table
+
+
+def unseen(table, proc=PROC):
+    """Pids in /proc now that `table` does not have: processes started since its pass listed
+    /proc (or gone from the listing to the read)."""
+    return set(_pids(proc)) - set(table)
 
 
 def ancestors(pid, proc=PROC):
