@@ -162,6 +162,8 @@ def test_a_second_run_changes_nothing(host):
     assert "changed=0" in proc.stdout.split("PLAY RECAP", 1)[1], proc.stdout[-3000:]
     assert {key: host.main_pid(unit) for key, unit in UNITS.items()} == pids
     assert report["hosts"][0]["killed"] == 0
+    # Each instance's settings are checked once (the validation play), not again by its later steps.
+    assert proc.stdout.count("Build the server's command line and check it against the engine version's flags") == 2
 
 
 def test_instances_sharing_a_gpu_are_refused_by_name_and_nothing_is_touched(host):
