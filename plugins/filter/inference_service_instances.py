@@ -100,11 +100,12 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
     merged.pop(VARIABLE, None)
     problems += [_renamed(problem, where) for problem in inference_service_problems(merged)]
     # Ansible's dict check takes "k=v" text for a mapping; the role's templates do not.
-    problems += ["%s.%s is %s: it must be a mapping of names to values." % (
-                     where, name[len(PREFIX):], "(hidden)" if option.get("no_log") else shown(merged[name]))
-                 for name, option in spec().items()
-                 if option.get("type") == "dict" and name[len(PREFIX):] in item and not isinstance(merged[name], Mapping)
-                 and not any(problem.startswith("%s.%s " % (where, name[len(PREFIX):])) for problem in problems)]
+    for name, option in spec().items():
+        key = name[len(PREFIX):]
+        said = any(problem.startswith("%s.%s " % (where, key)) for problem in problems)
+        if option.get("type") == "dict" and key in item and not isinstance(merged[name], Mapping) and not said:
+            problems.append("%s.%s is %s: it must be a mapping of names to values."
+                            % (where, key, "(hidden)" if option.get("no_log") else shown(merged[name])))
     port = merged.get(PREFIX + "port")
     if not problems and isinstance(port, bool):
         problems.append("%s.port is %s: it must be a whole number." % (where, shown(port)))

@@ -175,7 +175,7 @@ def inference_service_host_result(results, host):
                        instances=[dict(result) for result in results])
     if not host_result["ok"]:
         host_result["reason"] = "\n".join("%s: %s" % (result.get("unit"), result.get("reason") or result.get("status"))
-                                           for result in results if not result.get("ok"))
+                                          for result in results if not result.get("ok"))
     return host_result
 
 

@@ -154,8 +154,8 @@ def test_indices_with_another_device_order_are_refused():
     assert found == ['inference_service_instances[1] (vllm-b.service).environment.CUDA_DEVICE_ORDER is "FASTEST_FIRST": '
                      "GPU indices in CUDA_VISIBLE_DEVICES then do not count GPUs as NVML does, and the reset would pick "
                      "other GPUs; use PCI_BUS_ID or GPU UUIDs."]
-    ok = inference_service_instances(variables(*two(environment={"CUDA_VISIBLE_DEVICES": UUID_B,
-                                                                  "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})))
+    uuids = {"CUDA_VISIBLE_DEVICES": UUID_B, "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    ok = inference_service_instances(variables(*two(environment=uuids)))
     assert ok["problems"] == ["inference_service_instances mixes GPU indices and UUIDs in CUDA_VISIBLE_DEVICES across "
                               "instances: an index and a UUID of the same GPU cannot be told apart before the host is "
                               "read; use one or the other."]
