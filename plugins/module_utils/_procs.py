@@ -242,8 +242,9 @@ def now_ticks():
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
-def process_table(with_cmdline=False, proc=PROC, paths=None):
-    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass.
+def process_table(with_cmdline=False, proc=PROC, paths=None, pids=None):
+    """{pid: stat dict (+ 'cmdline')} for every process alive during the pass (or for those of
+    `pids` that are).
 
     With `paths` (absolute, as the kernel prints them), each entry also has 'opened' and
     'mapped': the sets of those paths the process has open and has mapped. A process's
@@ -253,7 +254,7 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
     """
     wanted, needle = _wanted(paths) if paths is not None else (None, None)
     table = {}
-    for pid in _pids(proc):
+    for pid in sorted(pids) if pids is not None else _pids(proc):
         stat = read_stat(pid, proc)
         if stat is None:
             continue
@@ -268,6 +269,12 @@ def process_table(with_cmdline=False, proc=PROC, paths=None):
             stat["state"] = again["state"]  # a process that exited meanwhile is a zombie now
         table[pid] = stat
     return table
+
+
+def unseen(table, proc=PROC):
+    """Pids in /proc now that `table` does not have: processes started since its pass listed
+    /proc (or gone from the listing to the read)."""
+    return set(_pids(proc)) - set(table)
 
 
 def ancestors(pid, proc=PROC):

@@ -422,6 +422,7 @@ GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]+", re.IGNORECASE)
 # a CUDA context takes far more than this.
 UNATTRIBUTED_MIB = 256
 MAX_ROUNDS = 3  # the first round of signals, then up to two for holders that appeared during it
+SETTLE_SCANS = 5  # scans after a round, at most, until no process started during one is a holder (settled_planner)
 
 D_STATE_ACTION = "reboot or GPU reset required"
 OTHER_ACTION = "still alive %g s after SIGKILL: inspect it (cat /proc/%d/stack), then reboot if it stays"
@@ -822,6 +823,27 @@ def survivor_report(target, signals, action):
             "devices": target["devices"], "signalled": signals, "action": action}
 
 
+def settled_planner(new_planner, paths, patterns):
+    """The scan after a round of signals, taken again (up to SETTLE_SCANS in all) while a
+    process that its /proc listing did not see maps a device file or matches a pattern.
+
+    A scan lists /proc once, then reads each process. A SIGTERM handler that detaches a
+    successor (fork, setsid, fork again, the middle process exits) creates it after the listing
+    from a middle process that is gone by the time the scan reads it: that scan sees no holder
+    and would end the task while the successor holds the GPU (18 runs of 20 in a private PID
+    namespace). Such a newcomer is in a listing taken after the scan, and maps what its parent
+    did; its own children would come from a process that listing shows, so one more scan finds
+    them. Newcomers that hold nothing (a busy host starts processes all the time) settle it."""
+    planner = new_planner(again=True)
+    for _scan in range(SETTLE_SCANS - 1):
+        newcomers = _procs.process_table(with_cmdline=bool(patterns), paths=paths, pids=_procs.unseen(planner.table))
+        if not any(stat["mapped"] or any(p.search(" ".join(stat.get("cmdline", []))) for p in patterns)
+                   for stat in newcomers.values()):
+            break
+        planner = new_planner(again=True)
+    return planner
+
+
 def stop(params, new_planner, targets, identity, result):
     """Signal targets; scan again after each round and signal the holders that appeared, up
     to MAX_ROUNDS rounds. Fills killed, survivors, targets, protected; returns the last planner."""
@@ -847,7 +869,7 @@ def stop(params, new_planner, targets, identity, result):
             result["survivors"].append(survivor_report(by_pid[refused["pid"]], signals,
                                                        REFUSED_ACTION % (refused["signal"], refused["error"])))
         handled.update((t["pid"], identity[t["pid"]]) for t in batch)
-        planner = new_planner(again=True)  # done means no holder is left: look again
+        planner = new_planner(again=True, settled=True)  # done means no holder is left: look again
         fresh, fresh_identity = plan_targets(planner, rounds + 1)
         result["protected"].update(planner.protected)
         batch = [t for t in fresh if (t["pid"], fresh_identity[t["pid"]]) not in handled]
@@ -867,9 +889,12 @@ def run(module, started):
     snapshot, nvml_status, reading = read_nvml()  # NVML is shut down again: we hold no device now
     selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
 
-    def new_planner(again=False):
+    def new_planner(again=False, settled=False):
         """A pass over /proc; after a round of signals with a fresh NVML reading, since which
-        listed pids are gone now (and whose memory someone still holds) is what it tells."""
+        listed pids are gone now (and whose memory someone still holds) is what it tells;
+        settled: one that no process started during its pass escaped (settled_planner)."""
+        if settled:
+            return settled_planner(new_planner, paths, patterns)
         reading_now, began = snapshot, reading
         if again and snapshot is not None:
             fresh, _status, fresh_began = read_nvml()

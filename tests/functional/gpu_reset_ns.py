@@ -7,6 +7,7 @@ outside the namespace, as the real driver would shape them.
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -237,3 +238,42 @@ def raced_run(ns, holders, device_paths, target, moment, reuse, other=None) -> d
     return {"result": result, "holders": started, "acted": acted, "newcomer": newcomer[0] if newcomer else None,
             "newcomer_alive": bool(newcomer) and ns.alive(newcomer[0]),
             "alive": dict((key, ns.alive(entry)) for key, entry in started.items())}
+
+
+def detached_successor_runs(ns, holder, device_paths, watch, runs, params=None) -> dict:
+    """`runs` times: start `holder` (whose SIGTERM handler detaches a successor, pidns.HOLDER's
+    term_detaches), run gpu_reset, wait until the handler's chain is over (every process left in
+    the namespace has said it is ready: the middle process has exited), then see who still maps
+    the watched paths. Returns per run the module's rc, message and targets' names, and the
+    mappers left; everything left is killed before the next run."""
+    import os  # pylint: disable=import-outside-toplevel
+    import select  # pylint: disable=import-outside-toplevel
+    import signal  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+    from tests.functional.pidns import read_stat  # pylint: disable=import-outside-toplevel
+    done = []
+    for _run in range(runs):
+        started = ns.start(**holder)
+        ready = {entry["pid"] for entry in started.values()}
+        stdout = ns.procs[-1].stdout
+        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths, **(params or {})), env=NO_NVML)
+        deadline = time.monotonic() + 60  # a bound for a hung handler, not a measurement
+        while True:
+            ns.reap()
+            living = {int(name) for name in os.listdir("/proc") if name.isdigit() and name != "1"}
+            living = {pid for pid in living if (read_stat(pid) or ("Z",))[0] not in ("Z", "X")}
+            if living <= ready:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("the SIGTERM handler's chain did not settle: %s" % sorted(living - ready))
+            if select.select([stdout], [], [], 0.05)[0]:
+                line = stdout.readline()
+                if line:
+                    ready.add(json.loads(line)["pid"])
+        left = ns.mappers(watch)
+        done.append({"rc": result["rc"], "msg": result.get("msg", ""), "left": left,
+                     "targets": [t["name"] for t in result.get("targets", [])]})
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        ns.reap()
+    return {"runs": done}

@@ -68,6 +68,19 @@ def take(spec):
             os.read(ready, 1)
             os._exit(0)
         signal.signal(signal.SIGTERM, on_term)
+    if spec.get("term_detaches"):
+        def on_detach(signum, frame):
+            # A SIGTERM handler that detaches a successor as a daemon does (fork, setsid, fork
+            # again, the middle one exits) and exits at once, without waiting: the successor keeps
+            # the mappings and is created after its parent is gone, by a process that lives a moment.
+            if os.fork() == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.setsid()
+                if os.fork() == 0:
+                    become(spec["term_detaches"])
+                os._exit(0)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, on_detach)
 
 def become(spec, done=None):
     take(spec)
@@ -114,7 +127,7 @@ class Namespace(object):
 
     def start(self, argv_extra=(), uid=None, python=None, **spec) -> dict:
         """Start a holder (see HOLDER; spec keys: key, name ("hex:..." for raw bytes), open, map,
-        ignore_term, term_forks, children (each may be `fresh`), exits, fork_every, close_mapped) and return {key: {pid, ppid, starttime}} of it
+        ignore_term, term_forks, term_detaches, children (each may be `fresh`), exits, fork_every, close_mapped) and return {key: {pid, ppid, starttime}} of it
         and its children, once each is ready. argv_extra: more arguments (bytes allowed) that
         only show in its cmdline; uid: run it as this user; python: the interpreter to run it
         with (e.g. a link named like a protected daemon). A holder that exits is waited for."""
