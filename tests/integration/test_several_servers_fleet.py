@@ -348,8 +348,8 @@ def test_a_second_run_changes_nothing(node):
 
 
 def instance_rows(report) -> dict:
-    """The report's rows of this host, one per instance, by unit."""
-    rows = [row for row in report["hosts"] if row["host"] == HOST]
-    units = [row["unit"] for row in rows]
+    """The report's rows of this host's instances, by unit: one per instance."""
+    (row,) = [row for row in report["hosts"] if row["host"] == HOST]
+    units = [instance["unit"] for instance in row.get("instances", [])]
     assert len(units) == len(set(units)), units  # one row per instance
-    return {row["unit"]: dict(row, reset=bool(row.get("killed") or row.get("stopped"))) for row in rows}
+    return {instance["unit"]: instance for instance in row["instances"]}
