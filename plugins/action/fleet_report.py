@@ -192,6 +192,8 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
         "killed": _number(result.get("killed_count")) or 0,
         "mib_freed": sum(freed.values()),
         "mib_freed_per_gpu": freed,
+        # Which index each GPU had before the reset: an instance names its GPUs by UUID or index.
+        "gpu_uuids": {str(gpu.get("index")): gpu.get("uuid") for gpu in before if gpu.get("uuid")},
         "gpus_lost": lost,
         "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
         "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
@@ -237,6 +239,41 @@ def merge_rows(rows: list, extra: list) -> list:
             else:
                 row[key] = value
     return rows
+
+
+def instance_rows(rows: list) -> list:
+    """One row per server of the hosts with several (inference_service_instances): the host, its unit,
+    its GPUs, its service status, whether the reset stopped it and the MiB freed on its GPUs, its
+    ready seconds and acceptance. The host's reset is one for all its reset instances: each is
+    credited with the MiB freed on its own GPUs (by index; a GPU named by UUID is matched through
+    the reading before the reset)."""
+    found = []
+    for row in rows:
+        freed = row.get("mib_freed_per_gpu") if isinstance(row.get("mib_freed_per_gpu"), Mapping) else {}
+        by_uuid = {str(uuid).lower(): index for index, uuid in (row.get("gpu_uuids") or {}).items()}
+        for instance in row.get("instances") or []:
+            if not isinstance(instance, Mapping):
+                continue
+            indices = [by_uuid.get(str(gpu).lower(), str(gpu)) for gpu in instance.get("gpus") or []]
+            mib = [_number(freed[index]) for index in indices if index in freed]
+            item = dict(instance, host=row.get("host"), stopped=bool(instance.get("reset")),
+                        mib_freed=sum(value or 0 for value in mib) if instance.get("reset") else 0)
+            found.append(item)
+    return found
+
+
+def render_instances(instances: list, read_only: bool = False) -> list:
+    """The Markdown lines of the instances' table (none when no host has several servers)."""
+    if not instances:
+        return []
+    lines = ["", "| host | unit | GPUs | service | %s | MiB freed | ready s | acceptance |"
+             % ("would reset" if read_only else "reset"), "| --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for item in instances:
+        lines.append("| %s |" % " | ".join(_cell(value) for value in (
+            item.get("host"), item.get("unit"), ",".join(str(gpu) for gpu in item.get("gpus") or []) or "all",
+            item.get("service_status"), "yes" if item.get("stopped") else "no", "%d" % (_number(item.get("mib_freed")) or 0),
+            item.get("service_ready_s", "-"), item.get("service_acceptance", "-"))))
+    return lines
 
 
 def read_reports(patterns: list, kind: str) -> tuple:
@@ -308,6 +345,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
                  "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
         cells += [_cell(row.get(column["key"])) for column in columns]
         lines.append("| %s |" % " | ".join(cells))
+    lines += render_instances(instance_rows(rows), read_only)
     bad = [row for row in rows if not row.get("ok")]
     lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]
     # One line per problem: a host with eight dirty GPUs reads as eight lines, not one.
@@ -401,6 +439,9 @@ class ActionModule(ControllerAction):
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
                                    args["columns"], read_only, args.get("trigger"))
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        instances = instance_rows(rows)
+        if instances:
+            document["instances"] = instances
         if args.get("trigger"):
             document["trigger"] = args.get("trigger")
         if check:

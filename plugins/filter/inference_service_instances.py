@@ -99,8 +99,16 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
     merged.update({PREFIX + key: value for key, value in item.items() if key in known})
     merged.pop(VARIABLE, None)
     problems += [_renamed(problem, where) for problem in inference_service_problems(merged)]
+    # Ansible's dict check takes "k=v" text for a mapping; the role's templates do not.
+    problems += ["%s.%s is %s: it must be a mapping of names to values." % (
+                     where, name[len(PREFIX):], "(hidden)" if option.get("no_log") else shown(merged[name]))
+                 for name, option in spec().items()
+                 if option.get("type") == "dict" and name[len(PREFIX):] in item and not isinstance(merged[name], Mapping)
+                 and not any(problem.startswith("%s.%s " % (where, name[len(PREFIX):])) for problem in problems)]
     port = merged.get(PREFIX + "port")
-    if not problems and not 1 <= int(port) <= 65535:
+    if not problems and isinstance(port, bool):
+        problems.append("%s.port is %s: it must be a whole number." % (where, shown(port)))
+    elif not problems and not 1 <= int(port) <= 65535:
         problems.append("%s.port is %s: it must be a TCP port from 1 to 65535." % (where, shown(port)))
     if problems:
         return None, problems
@@ -110,7 +118,7 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
     resolved["environment"] = environment
     resolved["gpus"], resolved["gpu_kind"] = [], None
     visible = environment.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
+    if "CUDA_VISIBLE_DEVICES" not in environment:
         if count > 1:
             problems.append("%s.environment has no CUDA_VISIBLE_DEVICES: with several instances on a host, each must "
                             "name its GPUs, or it would see and load every GPU of the host." % where)

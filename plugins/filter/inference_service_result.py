@@ -139,7 +139,8 @@ def _instance_row(result: Mapping) -> dict:
     return {"unit": result.get("unit"), "gpus": list(result.get("gpus") or []),
             "ok": result.get("status") in SERVING and result.get("stage") not in BEFORE_ANY_CHANGE,
             "service_status": result.get("status"), "reason": result.get("reason") or "",
-            "restarted": bool(result.get("restarted")), "main_pid": result.get("main_pid"),
+            "restarted": bool(result.get("restarted")), "reset": bool(result.get("reset")),
+            "main_pid": result.get("main_pid"),
             "ready_s": result.get("ready_s"), "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
             "acceptance_rate": rate, "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100)}
 
