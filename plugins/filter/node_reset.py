@@ -19,6 +19,7 @@ from collections.abc import Mapping
 
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _ranges
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
@@ -43,7 +44,7 @@ NUMBERS = tuple(_module_rule(name, rule, zero_allowed=name == "node_reset_nvml_v
     ("node_reset_pve_sweep_after", 0, None, 86400, "a number of seconds from 0 to 86400"),
 )
 ZERO_ALLOWED = ("node_reset_pve_vmid", "node_reset_nvml_verify_expected_count")
-SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
+SELECTORS = ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus", "node_reset_gpu_reset_spare_gpus")
 SELECTOR = re.compile(r"([0-9]+|GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12})\Z")
 # Lists whose items must be absolute paths (the modules refuse anything else, after gpu_reset ran).
 ABSOLUTE = ("node_reset_shm_clean_path", "node_reset_pycache_purge_paths", "node_reset_metrics_dir")
@@ -126,13 +127,58 @@ def number_problems(values: Mapping) -> list:
     return _role_spec.number_problems(NUMBERS, values, ZERO_ALLOWED)
 
 
-def input_problems(values: Mapping, pve_host_known=True) -> list:
+def _unit_name(name: str) -> str:
+    """A unit as systemd names it: systemctl adds .service to a name without a suffix."""
+    return name if "." in name.rsplit("@", 1)[-1] else name + ".service"
+
+
+def unit_problems(values: Mapping) -> list:
+    """The units stopped (node_reset_units) and spared (node_reset_gpu_reset_spare_units): systemd
+    names, and never one unit both (a stop would take down the neighbour the reset spares)."""
     problems = []
+    stopped = values.get("node_reset_units")
+    stopped = _items(stopped) if stopped is not None else []
+    # A unit stopped by name may leave out its .service; a spared one names its cgroup, so it has its suffix.
+    bad = [u for u in stopped if not is_unit_name(u)]
+    if bad:
+        problems.append("node_reset_units has %s: a unit is a systemd unit name such as vllm-a.service, on one line."
+                        % ", ".join(map(_role_spec.shown, bad)))
+    spared = values.get("node_reset_gpu_reset_spare_units")
+    spared = _items(spared) if spared is not None else []
+    bad = [u for u in spared if not is_unit_name(u, holds_processes=True)]
+    if bad:
+        problems.append("node_reset_gpu_reset_spare_units has %s: a unit is a systemd unit name with the suffix of a"
+                        " unit that holds processes (.service, .scope, .slice), such as vllm-b.service."
+                        % ", ".join(map(_role_spec.shown, bad)))
+    unit = values.get("node_reset_unit")
+    stopped_names = {_unit_name(u) for u in stopped + [unit] if isinstance(u, str) and u}
+    both = [u for u in spared if isinstance(u, str) and u in stopped_names]
+    if both and not bad:
+        problems.append("node_reset_gpu_reset_spare_units has %s, which node_reset_unit or node_reset_units stops: a"
+                        " unit cannot be stopped and spared at once." % ", ".join(map(_role_spec.shown, both)))
+    return problems
+
+
+def gpu_overlap_problems(values: Mapping) -> list:
+    """A spared GPU that the reset also selects or checks: gpu_reset would refuse it after the units
+    stopped, and nvml_verify would find the healthy neighbour's memory on it."""
+    spared = {_text(item).strip().lower() for item in _items(values.get("node_reset_gpu_reset_spare_gpus") or [])}
+    both = [_text(item) for name in ("node_reset_gpu_reset_gpus", "node_reset_nvml_verify_gpus")
+            for item in _items(values.get(name) or []) if _text(item).strip().lower() in spared]
+    if not both:
+        return []
+    return ["node_reset_gpu_reset_spare_gpus has %s, which node_reset_gpu_reset_gpus or node_reset_nvml_verify_gpus"
+            " also names: a GPU cannot be reset and spared at once." % ", ".join(map(_role_spec.shown, sorted(set(both))))]
+
+
+def input_problems(values: Mapping, pve_host_known=True) -> list:
+    problems = unit_problems(values)
     for name in SELECTORS:
         bad = [item for item in map(_text, _items(values.get(name))) if not SELECTOR.match(item)]
         if bad:
             problems.append("%s has %s: a GPU is an index (a non-negative integer such as 0) or a UUID"
                             " (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)." % (name, ", ".join(map(_role_spec.shown, bad))))
+    problems += gpu_overlap_problems(values)  # after the selectors' own sentences: one per variable
     # nvml_verify's own checks (its documented choices, which the role's spec takes: tools/gen_node_reset_docs.py).
     known = spec()["node_reset_nvml_verify_checks"]["choices"]
     checks = values.get("node_reset_nvml_verify_checks")
@@ -207,13 +253,22 @@ def unit_result(stop: Mapping, unit: str) -> dict:
             "note": ("unit %s does not exist: skipped" % unit) if missing else ""}
 
 
+def units_result(stop: Mapping, units) -> list:
+    """What happened to each unit of node_reset_units, from the loop's results (those it reached)."""
+    results = stop.get("results") if isinstance(stop.get("results"), list) else []
+    by_name = {result.get("item"): result for result in results if isinstance(result, Mapping)}
+    done = [unit_result(by_name.get(name) or {}, name) for name in _items(units or []) if isinstance(name, str)]
+    return [unit for unit in done if unit]
+
+
 def _refused_first(failed_step, steps) -> bool:
     """pycache_purge is the first module step (cleanslate.gpu.reset_steps): when it fails before
     removing anything (its inputs, its probe: a failed removal returns `errors`) and no unit was
     stopped before it, nothing was touched, as when a check on the host refuses it."""
     if failed_step != "pycache_purge":
         return False
-    return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
+    return ("errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
+            and not _step(steps, "units").get("changed"))
 
 
 def _refusal(failed_step, failed_result) -> str:
@@ -254,10 +309,11 @@ def _would(gpu_reset, shm, pycache) -> list:
 
 
 def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=None, failed_result=None,
-                      invalid=None, started=None, unit="", now=None, note=None):
+                      invalid=None, started=None, unit="", now=None, note=None, units=()):
     """node_reset_result from the registered results of the steps (see docs/node_reset.md).
 
-    `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), gpu_reset,
+    `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), units (its loop's
+    over `units`, node_reset_units), gpu_reset,
     shm_clean, pycache_purge, nvml_verify and pve_sweep to what each registered ({} for a
     step that did not run). `failed_step` names the step that failed (`validate`: a variable
     was refused, `invalid` lists why), `failed_result` is its result; `read_only` is true in
@@ -288,8 +344,11 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     reach, gpu_reset, sweep = _step(steps, "pve_reach"), _step(steps, "gpu_reset"), _step(steps, "pve_sweep")
     shm, pycache, verify = _step(steps, "shm_clean"), _step(steps, "pycache_purge"), _step(steps, "nvml_verify")
     unit_done = unit_result(_step(steps, "unit"), unit)
+    units_done = units_result(_step(steps, "units"), units)
     unreachable = ["unreachable: %s" % _step(steps, name).get("msg") for name in _steps.REACHING
                    if _step(steps, name).get("unreachable")][:1]
+    if not unreachable and _step(steps, "units").get("unreachable"):
+        unreachable = ["unreachable: %s" % _step(steps, "units").get("msg")]
     clean = bool(verify.get("ok")) and not any(_steps.found(steps, step) for step in _steps.MODULE_STEPS)
     status = _status(kind, failed_step, reach, unreachable, verify, clean)
     if note and status != "invalid":
@@ -323,7 +382,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         "ok": ok,
         "fails_host": fails_host(ok, status, kind, read_only),
         "changed": any(bool(step.get("changed")) for step in (gpu_reset, shm, pycache, sweep))
-        or bool(unit_done.get("stopped")),
+        or bool(unit_done.get("stopped")) or any(done["stopped"] for done in units_done),
         "failed_step": failed_step,
         # The failed step's own message; a refused variable or a host that did not answer is in `problems`.
         "error": error,
@@ -335,6 +394,9 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         "bytecode_removed": len(_list(pycache, "removed")),
         "problems": problems,
         "unit": unit_done,
+        "units": units_done,
+        # Every unit this run stopped (node_reset_unit, then node_reset_units), by name.
+        "units_stopped": [done["name"] for done in [unit_done] + units_done if done.get("stopped")],
         "seconds_total": round(now - started, 2),
         "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in _steps.RESULT_STEPS},
     }

@@ -19,6 +19,13 @@ InputProblem there, and main() fails the task with it through fail_on_problems t
 from __future__ import annotations
 
 import math
+import re
+
+# systemd's unit name characters, an instance after @, and UNIT_NAME_MAX.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+(?:@[A-Za-z0-9:_.\\-]*)?")
+UNIT_NAME_MAX = 255
+# The units that hold processes: each has a cgroup whose name is a component of its processes' cgroup paths.
+PROCESS_UNIT_SUFFIXES = (".service", ".scope", ".slice")
 
 
 class InputProblem(ValueError):
@@ -51,3 +58,11 @@ def fail_on_problems(module, problems, **result):
     problems = [p for p in problems if p]
     if problems:
         module.fail_json(msg="; ".join(problems), **result)
+
+
+def is_unit_name(name, holds_processes=False):
+    """Whether name is a systemd unit name on one line; with holds_processes, also with the suffix
+    of a unit that has processes (a name without one means NAME.service to systemctl, but never
+    matches a cgroup path)."""
+    return (isinstance(name, str) and 0 < len(name) <= UNIT_NAME_MAX and not name.startswith(".")
+            and _UNIT_NAME.fullmatch(name) is not None and (not holds_processes or name.endswith(PROCESS_UNIT_SUFFIXES)))

@@ -214,6 +214,16 @@ def read_cgroup(pid, proc=PROC):
         return ""
 
 
+def cgroup_components(text):
+    """Every component of every path in /proc/PID/cgroup text (cgroup v2 and each v1 hierarchy):
+    a systemd unit's processes have the unit's name as one, e.g. system.slice/vllm-b.service."""
+    found = set()
+    for line in text.splitlines():
+        path = kernel_path(line.split(":", 2)[-1])
+        found.update(part for part in path.split("/") if part)
+    return found
+
+
 def is_kernel_thread(stat):
     """What the kernel flags as one, and nothing else: inside a container's PID namespace
     pid 2 and its children are ordinary processes (often the inference server itself)."""

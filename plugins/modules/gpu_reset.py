@@ -42,6 +42,10 @@ description:
   - Never a target are PID 1, kernel threads (what the kernel flags as one), the module itself and its ancestors,
     and processes named in O(protect_names). These exclusions apply before children are followed, so a process never
     becomes a target only because an excluded parent holds a device.
+  - On a node that runs several servers, O(spare_units) and O(spare_gpus) name the healthy neighbours. Their
+    processes are never targets, whatever the evidence (a command line that matches, a selected GPU held too, a
+    target as parent); they are excluded as the processes above, before children are followed, and reported in
+    RV(spared).
   - Fails, with one line per process, when a target is still alive after C(SIGKILL) (a process in uninterruptible
     sleep, state C(D), needs a reboot or a GPU reset) or could not be signalled. The module never resets a GPU,
     changes persistence mode or unloads a driver.
@@ -64,7 +68,7 @@ attributes:
     details:
       - The processes that map the device files, before and after, one line each; each target's line also says why it
         is one (its reason and evidence) and its command line, so a target found by O(cmdline_patterns) that maps no
-        device file is listed too.
+        device file is listed too. A process spared by O(spare_units) or O(spare_gpus) is listed with why.
 notes:
   - Linux only (it reads C(/proc)).
   - Runs as root. Without root it cannot read other users' mappings nor signal their processes, so it fails at once
@@ -135,6 +139,28 @@ options:
       - nvidia-cuda-mps-server
       - Xorg
       - Xwayland
+  spare_units:
+    description:
+      - Systemd units (C(vllm-b.service)) whose processes are never stopped, such as the healthy servers beside the one
+        being reset. A process is in a unit when a component of a path in its C(/proc/PID/cgroup) is exactly the
+        unit's name (so C(vllm-b.service) spares neither C(vllm-b.service2) nor C(x-vllm-b.service)).
+      - Such a process is never a target and is never followed as a child of a target (its own children are reached
+        only through their own evidence). It is reported in RV(spared).
+      - Each name is a unit name with the suffix of a unit that holds processes (C(.service), C(.scope), C(.slice)).
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
+  spare_gpus:
+    description:
+      - GPUs of the healthy neighbours, as indices or UUIDs like O(gpus). A process found to hold any of them (see
+        the description) is never a target, even when it matches O(cmdline_patterns), also holds a selected GPU or
+        descends from a target. It is reported in RV(spared).
+      - A GPU that is both in O(gpus) and here (by index or UUID) is refused.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
   include_children:
     description:
       - Also stop every descendant of a target (forked workers that may not have opened a device yet).
@@ -165,6 +191,14 @@ EXAMPLES = r"""
     cmdline_patterns:
       - 'vllm serve .* --port 8001'
     grace_period: 10
+
+- name: Reset the server on GPUs 0 and 1, never touching its neighbour vllm-b on GPUs 2 and 3
+  cleanslate.gpu.gpu_reset:
+    gpus: [0, 1]
+    cmdline_patterns:
+      - 'vllm serve .* --port 8001'
+    spare_units: [vllm-b.service]
+    spare_gpus: [2, 3]
 
 - name: Show what would be stopped, without stopping anything
   cleanslate.gpu.gpu_reset:
@@ -346,6 +380,27 @@ protected:
       description: V(protect_names), V(self) (this module or one of its ancestors), V(pid 1) or V(kernel thread).
       type: str
       sample: protect_names
+spared:
+  description:
+    - Processes that would have been targets (or were reached as a child of one) but belong to O(spare_units) or hold a
+      GPU of O(spare_gpus), so were left alone.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process id.
+      type: int
+      sample: 5100
+    name:
+      description: Process name.
+      type: str
+      sample: VLLM::Worker_TP
+    why:
+      description: The unit it belongs to (V(in unit vllm-b.service)) or the spared GPUs it holds (V(holds spared GPU 2)).
+      type: str
+      sample: in unit vllm-b.service
+  version_added: 0.2.0
 memory_before:
   description:
     - NVML's memory use of every GPU before anything was signalled (v2 "used", without driver-reserved memory), from
@@ -392,7 +447,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
-from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
@@ -465,10 +520,14 @@ def input_problems(params):
     for path in params["device_paths"]:
         if not path.startswith("/") or "\0" in path:
             problems.append("device_paths: %r is not an absolute path" % path)
-    for selector in params["gpus"]:
-        text = selector.strip()
-        if not (GPU_INDEX.fullmatch(text) or GPU_UUID.fullmatch(text)):
-            problems.append("gpus: %r is neither a GPU index (0, 1, ...) nor a GPU UUID (GPU-...)" % selector)
+    for option in ("gpus", "spare_gpus"):
+        for selector in params[option]:
+            text = selector.strip()
+            if not (GPU_INDEX.fullmatch(text) or GPU_UUID.fullmatch(text)):
+                problems.append("%s: %r is neither a GPU index (0, 1, ...) nor a GPU UUID (GPU-...)" % (option, selector))
+    both = sorted({s.strip().lower() for s in params["gpus"]} & {s.strip().lower() for s in params["spare_gpus"]})
+    problems.extend("gpus and spare_gpus both name GPU %r: a GPU cannot be reset and spared at once" % gpu for gpu in both)
+    problems.extend(unit_problem(unit) for unit in params["spare_units"])
     if params["cgroup"] is not None and not params["cgroup"].strip():
         problems.append("cgroup: %r is in every process's cgroup, so it limits nothing; leave cgroup out for no limit"
                         % params["cgroup"])
@@ -480,6 +539,14 @@ def input_problems(params):
     elif os.geteuid() != 0:
         problems.append(ROOT_NEEDED)
     return [problem for problem in problems if problem]
+
+
+def unit_problem(unit):
+    """The sentence saying why a spare_units item is no unit that holds processes, or None."""
+    if is_unit_name(unit, holds_processes=True):
+        return None
+    return ("spare_units: %r is not a systemd unit name with the suffix of a unit that holds processes (.service, "
+            ".scope, .slice), such as 'vllm-b.service'" % unit)
 
 
 def device_files(globs):
@@ -502,25 +569,37 @@ def read_nvml():
         return None, "unavailable: %s" % exc, began
 
 
-def select_gpus(selectors, snapshot, nvml_status, paths):
-    """The GPU indices to act on, or None for all; InputProblem for a GPU that NVML or the
-    device files say this host does not have."""
+def select_gpus(selectors, snapshot, nvml_status, paths, option="gpus"):
+    """The GPU indices that `option` names, or None for none given; InputProblem for a GPU that
+    NVML or the device files say this host does not have."""
     if not selectors:
         return None
     if snapshot is not None:
         try:
             return set(_nvml.resolve_gpus(snapshot, [s.strip() for s in selectors]))
         except InputProblem as exc:
-            raise InputProblem("gpus: %s" % exc) from None
+            raise InputProblem("%s: %s" % (option, exc)) from None
     valid = sorted({int(m.group(1)) for m in map(GPU_DEVICE.search, paths) if m})
     chosen = set()
     for selector in selectors:
         text = selector.strip()
         if not GPU_INDEX.fullmatch(text) or int(text) not in valid:
-            raise InputProblem("gpus: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
-                               % (selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
+            raise InputProblem("%s: unknown GPU %r: the device files give GPU indices %s; UUIDs need NVML, which is %s"
+                               % (option, selector, ", ".join(map(str, valid)) or "(none)", nvml_status))
         chosen.add(int(text))
     return chosen
+
+
+def select_scope(params, snapshot, nvml_status, paths):
+    """(GPU indices to act on or None for all, GPU indices to spare): InputProblem when one GPU
+    is in both, as an index in one list and a UUID in the other."""
+    selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
+    spared = select_gpus(params["spare_gpus"], snapshot, nvml_status, paths, option="spare_gpus") or set()
+    both = sorted(spared & (selected or set()))
+    if both:
+        raise InputProblem("gpus and spare_gpus both name GPU %s: a GPU cannot be reset and spared at once"
+                           % ", ".join(map(str, both)))
+    return selected, spared
 
 
 def nvml_processes(snapshot):
@@ -539,10 +618,11 @@ class Planner:
     """Decides the targets from one pass over /proc (identity, open files, mappings and
     command line of each process read together) and the NVML reading taken before it."""
 
-    def __init__(self, params, patterns, paths, snapshot, reading, selected):
+    def __init__(self, params, patterns, paths, snapshot, reading, scope):
         self.params = params
         self.patterns = patterns
-        self.selected = selected
+        self.selected, self.spare_gpus = scope
+        self.spare_units = set(params["spare_units"])
         self.protect = set(DEFAULT_PROTECT_NAMES).union(params["protect_names"])
         self.users = set(params["users"]) if params["users"] is not None else None
         self.has_nvml = snapshot is not None
@@ -557,6 +637,7 @@ class Planner:
         self.reasons = {}
         self.why = {}  # evidence in words of the targets that map no device file
         self.protected = {}
+        self.spared = {}
         self.excluded = {}
         self._gpus = {}
         self._orphaned = None
@@ -666,8 +747,19 @@ class Planner:
             stat["cmdline"] = _procs.read_cmdline(pid)
         return stat.get("cmdline", [])
 
+    def spare_reason(self, pid):
+        """Why the process belongs to a healthy neighbour (spare_units, spare_gpus), or None."""
+        units = sorted(self.spare_units.intersection(_procs.cgroup_components(_procs.read_cgroup(pid)))) if self.spare_units else []
+        if units:
+            return "in unit %s" % units[0]
+        held = sorted(self.gpus_of(pid) & self.spare_gpus)
+        if held:
+            return "holds spared GPU %s" % ", ".join(map(str, held))
+        return None
+
     def exclusion(self, pid, needs_gpu):
-        """None if pid may be a target, else why not: ('protected', reason) or ('scope', None).
+        """None if pid may be a target, else why not: ('protected', reason), ('spared', why) or
+        ('scope', None).
 
         needs_gpu: the evidence is a device or NVML, so with `gpus` it must be on a selected GPU;
         other evidence only has to not be on another GPU."""
@@ -688,8 +780,11 @@ class Planner:
         else:
             argv = self.cmdline(pid)
             names = [stat["comm"], process_name(pid)] + ([argv[0].rsplit("/", 1)[-1]] if argv else [])
+            spare = self.spare_reason(pid)
             if _procs.name_is_protected(names, stat["comm"], self.protect):
                 verdict = ("protected", "protect_names")
+            elif spare is not None:
+                verdict = ("spared", spare)
             elif self.params["cgroup"] is not None and self.params["cgroup"] not in _procs.read_cgroup(pid):
                 verdict = ("scope", None)
             elif self.users is not None and not self.users.intersection(owner(pid)):
@@ -698,10 +793,10 @@ class Planner:
                 gpus = self.gpus_of(pid)
                 if (gpus or needs_gpu) and not gpus.intersection(self.selected):
                     verdict = ("scope", None)
-        if verdict is not None and verdict[0] == "protected":
-            # Protection does not depend on the evidence, so it is decided once per pid.
+        if verdict is not None and verdict[0] in ("protected", "spared"):
+            # Neither depends on the evidence, so each is decided once per pid.
             self.excluded[pid] = verdict
-            self.protected[pid] = verdict[1]
+            getattr(self, verdict[0])[pid] = verdict[1]
         return verdict
 
     def candidates(self):
@@ -740,7 +835,7 @@ class Planner:
                  "maps": [printable(path) for path in sorted(stat["mapped"])]}
                 for pid, stat in sorted(self.table.items())
                 if (stat["opened"] or stat["mapped"]) and pid not in self.reasons and pid not in self.own
-                and pid not in self.protected and pid not in self.elsewhere
+                and pid not in self.protected and pid not in self.spared and pid not in self.elsewhere
                 and not (pid in self.mapped and self.holds_memory(pid))]
 
 
@@ -800,19 +895,22 @@ def plan_targets(planner, round_no):
     return targets, {t["pid"]: planner.table[t["pid"]]["starttime"] for t in targets}
 
 
-def holders_text(held, targets=()):
-    """The diff's text: one line per process that maps a device file or is a target; a target's
-    line ends with what makes it one and its command line, so that a target found by
-    cmdline_patterns (the API server, which maps no device file) shows too."""
+def holders_text(held, targets=(), spared=None):
+    """The diff's text: one line per process that maps a device file, is a target or is spared; a
+    target's line ends with what makes it one and its command line, so that a target found by
+    cmdline_patterns (the API server, which maps no device file) shows too; a spared one's, why."""
     by_pid = {target["pid"]: target for target in targets}
+    spared = spared or {}
     lines = []
-    for pid in sorted(set(held) | set(by_pid)):
+    for pid in sorted(set(held) | set(by_pid) | set(spared)):
         target = by_pid.get(pid)
         name = target["name"] if target else printable(process_name(pid)) or "?"
         devices = ", ".join(printable(d) for d in held.get(pid, [])) or "no device file"
         line = "%d %s: %s" % (pid, name, devices)
         if target:
             line += " -- stop, %s (%s): %s" % (target["reason"], target.get("evidence") or "", target["cmdline"])
+        elif pid in spared:
+            line += " -- spared, %s" % spared[pid]
         lines.append(line.replace("\n", " ") + "\n")
     return "".join(lines)
 
@@ -872,6 +970,7 @@ def stop(params, new_planner, targets, identity, result):
         planner = new_planner(again=True, settled=True)  # done means no holder is left: look again
         fresh, fresh_identity = plan_targets(planner, rounds + 1)
         result["protected"].update(planner.protected)
+        result["spared"].update(planner.spared)
         batch = [t for t in fresh if (t["pid"], fresh_identity[t["pid"]]) not in handled]
         identity.update((t["pid"], fresh_identity[t["pid"]]) for t in batch)
         if batch and rounds == MAX_ROUNDS:
@@ -887,7 +986,7 @@ def run(module, started):
     patterns = [re.compile(pattern) for pattern in params["cmdline_patterns"]]  # checked by input_problems
     paths = device_files(params["device_paths"])
     snapshot, nvml_status, reading = read_nvml()  # NVML is shut down again: we hold no device now
-    selected = select_gpus(params["gpus"], snapshot, nvml_status, paths)
+    scope = select_scope(params, snapshot, nvml_status, paths)
 
     def new_planner(again=False, settled=False):
         """A pass over /proc; after a round of signals with a fresh NVML reading, since which
@@ -900,7 +999,7 @@ def run(module, started):
             fresh, _status, fresh_began = read_nvml()
             if fresh is not None:
                 reading_now, began = fresh, fresh_began
-        return Planner(params, patterns, paths, reading_now, began, selected)
+        return Planner(params, patterns, paths, reading_now, began, scope)
 
     planner = new_planner()
     targets, identity = plan_targets(planner, 1)
@@ -908,10 +1007,10 @@ def run(module, started):
         "changed": bool(targets), "targets": list(targets), "killed": [], "survivors": [], "nvml": nvml_status,
         "memory_before": [{"index": gpu["index"], "uuid": gpu["uuid"], "memory_used_mib": gpu["memory_used_mib"]}
                           for gpu in (snapshot or {}).get("gpus", [])],
-        "protected": dict(planner.protected), "clients": planner.clients(),
+        "protected": dict(planner.protected), "spared": dict(planner.spared), "clients": planner.clients(),
     }
     before = dict(planner.mapped)
-    before_text = holders_text(before, targets) if module._diff else ""  # names are read while they live
+    before_text = holders_text(before, targets, result["spared"]) if module._diff else ""  # names are read while they live
     if module.check_mode or not targets:
         after = {pid: devs for pid, devs in before.items() if pid not in planner.reasons}
     else:
@@ -920,8 +1019,11 @@ def run(module, started):
     left = [target for target in targets if target["pid"] in {item["pid"] for item in result["survivors"]}]
     result["protected"] = [{"pid": pid, "name": printable(process_name(pid)), "reason": why}
                            for pid, why in sorted(result["protected"].items())]
+    spared_after = {pid: why for pid, why in result["spared"].items() if _procs.alive(pid)}
     if module._diff:
-        result["diff"] = {"before": before_text, "after": holders_text(after, left)}
+        result["diff"] = {"before": before_text, "after": holders_text(after, left, spared_after)}
+    result["spared"] = [{"pid": pid, "name": printable(process_name(pid)), "why": printable(why)}
+                        for pid, why in sorted(result["spared"].items())]
     result["elapsed_s"] = round(time.monotonic() - started, 3)
     return result
 
@@ -936,6 +1038,8 @@ def main():
             cgroup=dict(type="str"),
             users=dict(type="list", elements="str"),
             protect_names=dict(type="list", elements="str", default=DEFAULT_PROTECT_NAMES),
+            spare_units=dict(type="list", elements="str", default=[]),
+            spare_gpus=dict(type="list", elements="str", default=[]),
             include_children=dict(type="bool", default=True),
             grace_period=dict(type="float", default=30),
             kill_timeout=dict(type="float", default=10),

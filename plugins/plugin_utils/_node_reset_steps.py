@@ -43,7 +43,7 @@ MODULE_STEPS = (
          "remove bytecode that no longer matches its source, only when paths or modules are given",
          omit_empty=("paths", "modules", "python"), found="removed", found_words="bytecode file"),
     Step("gpu_reset", ("device_paths", "gpus", "cmdline_patterns", "cgroup", "users", "protect_names",
-                       "include_children", "grace_period", "kill_timeout"),
+                       "spare_units", "spare_gpus", "include_children", "grace_period", "kill_timeout"),
          "stop every process that holds a GPU or matches cmdline_patterns, with SIGTERM, a grace period, then SIGKILL",
          found="targets", found_words="process"),
     Step("shm_clean", ("path", "patterns", "exclude", "min_age", "remove_in_use"),
@@ -67,9 +67,11 @@ RESULT_STEPS = BEFORE + MODULES + AFTER
 REACHING = ("pve_reach", "deps", "pycache_check") + BEFORE + MODULES
 
 # The node's sweep of a Proxmox container runs gpu_reset there, scoped to the container's cgroup:
-# the container's own selection of GPUs and users means nothing on the node.
-SWEEP_OPTIONS = ("device_paths", "cmdline_patterns", "protect_names", "include_children", "grace_period",
-                 "kill_timeout")
+# the container's own selection of GPUs and users means nothing on the node. Its units do: seen
+# from the node, a unit's cgroup path still has the unit's name as a component (.../lxc/129/ns/
+# system.slice/vllm-b.service), so spare_units keeps a neighbour in the container spared.
+SWEEP_OPTIONS = ("device_paths", "cmdline_patterns", "protect_names", "spare_units", "include_children",
+                 "grace_period", "kill_timeout")
 
 
 def role_variables() -> tuple:

@@ -129,3 +129,34 @@ def test_adding_a_protected_name_keeps_the_default_ones(tmp_path, dev):
     assert out["runs"][0]["alive"] == {"persistenced": True, "mine": True, "victim": False}
     assert sorted((p["pid"], p["reason"]) for p in result["protected"]) == sorted(
         (out["holders"][key]["pid"], "protect_names") for key in ("persistenced", "mine"))
+
+
+# --- spare_units and spare_gpus (several servers on one node) ---------------------------------
+
+def test_spare_units_must_be_names_of_units_that_hold_processes(dev):
+    units = ["", "/", "vllm-b.service\n", "vllm-b", "vllm b.service", "$(reboot).service", "@/%$", "a/b.service",
+             "x" * 250 + ".service", "vllm-b.timer", ".service", "\udcff.service", "vllm-b.service'"]
+    for case, result in refused(dev, [{"spare_units": ["vllm-a.service", unit]} for unit in units]):
+        unit = case["spare_units"][1]
+        assert result["msg"] == ("spare_units: %r is not a systemd unit name with the suffix of a unit that holds "
+                                 "processes (.service, .scope, .slice), such as 'vllm-b.service'" % unit), case
+
+
+def test_spare_units_of_the_wrong_type_are_refused_by_ansible(dev):
+    [(_case, result)] = refused(dev, [{"spare_units": {"vllm-b.service": 1}}])
+    assert "spare_units" in result["msg"]
+
+
+def test_spare_gpus_must_be_gpus_of_this_host_and_not_also_reset(dev, fake_nvml_lib):
+    from tests.fixtures.fake_nvml.state import _uuid  # pylint: disable=import-outside-toplevel
+    selectors = ["", " ", "-1", "nan", "inf", "1e9", "\u00b2", "GPU-", "all", "0\n1", "0,1"]
+    for case, result in refused(dev, [{"spare_gpus": [s]} for s in selectors]):
+        assert result["msg"] == ("spare_gpus: %r is neither a GPU index (0, 1, ...) nor a GPU UUID (GPU-...)"
+                                 % case["spare_gpus"][0]), case
+    [(_case, same)] = refused(dev, [{"gpus": ["0", "1"], "spare_gpus": [" 1", "2"]}])
+    assert same["msg"] == "gpus and spare_gpus both name GPU '1': a GPU cannot be reset and spared at once"
+    # By UUID in one list and index in the other, and a GPU the host does not have: NVML tells.
+    with_nvml = refused(dev, [{"gpus": ["0"], "spare_gpus": [_uuid("NVIDIA H200", 0)]}, {"spare_gpus": ["9"]}],
+                        nvml=4, lib_dir=str(fake_nvml_lib))
+    assert with_nvml[0][1]["msg"] == "gpus and spare_gpus both name GPU 0: a GPU cannot be reset and spared at once"
+    assert with_nvml[1][1]["msg"].startswith("spare_gpus: unknown GPU '9': this host has GPU indices 0-3")

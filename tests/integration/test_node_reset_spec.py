@@ -192,6 +192,13 @@ def test_two_bad_numbers_give_one_line_each(module_node, tmp_path):
      "node_reset_gpu_reset_users is []: an empty list or name would match no process; leave it unset (null)"
      " for any user."),
     ({"node_reset_gpu_reset_users": ["root", ""]}, 'node_reset_gpu_reset_users is ["root", ""]: an empty list'),
+    # Several servers on one node: units to stop and to spare, GPUs to spare.
+    ({"node_reset_units": ["vllm-a.service", "", "../x", "vllm-b.service\nExecStart=/bin/sh"]},
+     'node_reset_units has "", "../x", "vllm-b.service\\nExecStart=/bin/sh": a unit is a systemd unit name'),
+    ({"node_reset_units": ["vllm-a.service"], "node_reset_gpu_reset_spare_units": ["vllm-a.service"]},
+     'node_reset_gpu_reset_spare_units has "vllm-a.service", which node_reset_unit or node_reset_units stops'),
+    ({"node_reset_gpu_reset_gpus": ["0"], "node_reset_gpu_reset_spare_gpus": ["0", "1"]},
+     'node_reset_gpu_reset_spare_gpus has "0", which node_reset_gpu_reset_gpus or node_reset_nvml_verify_gpus'),
 ])
 def test_checks_selectors_and_empty_scopes_are_checked_with_the_other_inputs(module_node, tmp_path, bad, sentence):
     """An empty check list would pass any GPU, a selector that is neither an index nor a UUID
@@ -201,7 +208,7 @@ def test_checks_selectors_and_empty_scopes_are_checked_with_the_other_inputs(mod
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert row["status"] == "invalid", row
     assert any(problem.startswith(sentence) for problem in row["problems"]), row["problems"]
-    assert _not_stopped(proc.stdout)
+    assert _not_stopped(proc.stdout) and _not_stopped(proc.stdout, "Stop the other inference units")
     _untouched(module_node)
 
 

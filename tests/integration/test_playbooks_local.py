@@ -353,3 +353,21 @@ def test_the_role_on_its_own_still_fails_the_host(tmp_path, host, returncode, me
                           text=True, timeout=300, check=False)
     assert proc.returncode == returncode, proc.stdout[-3000:]
     assert message in proc.stdout and "went on" not in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_spared_gpu_keeps_its_holders_through_reset_yml_and_only_the_others_are_reset(crashed_node, tmp_path):
+    """Several servers on one node: reset.yml with node_reset_gpu_reset_spare_gpus reaches
+    gpu_reset. Every holder of GPU 3 lives on, the tensor-parallel worker whose parent (the API
+    server) is a target included; every other holder is stopped; GPUs 0-2 are verified clean."""
+    manifest = crashed_node
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_gpu_reset_spare_gpus=["3"], node_reset_nvml_verify_gpus=["0", "1", "2"]), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "ok", row
+    holders = [entry for entries in manifest["processes"].values() for entry in entries if entry["gpus"]]
+    spared = [entry for entry in holders if 3 in entry["gpus"]]
+    assert spared and any(entry in manifest["processes"]["worker"] for entry in spared)
+    assert all(_alive(entry["pid"]) for entry in spared), spared
+    assert not any(_alive(entry["pid"]) for entry in holders if 3 not in entry["gpus"])
+    assert row["killed"] == len(holders) - len(spared) + len(manifest["processes"]["api_server"]), row

@@ -28,7 +28,8 @@ print('ready', flush=True)
 time.sleep(600)
 """
 
-PARAMS = dict(gpus=[], cmdline_patterns=[], cgroup=None, users=None, protect_names=[], include_children=True)
+PARAMS = dict(gpus=[], cmdline_patterns=[], cgroup=None, users=None, protect_names=[], spare_units=[], spare_gpus=[],
+              include_children=True)
 
 
 @pytest.fixture
@@ -67,12 +68,12 @@ def test_a_process_that_started_after_the_reading_is_not_the_one_nvml_listed(tmp
     reading = _procs.now_ticks()
     time.sleep(0.05)  # start times count clock ticks: the newcomer starts in a later one
     newcomer = started(dev)
-    planner = gpu_reset.Planner(PARAMS, [], [str(dev)], snapshot({newcomer: (0, 5000)}), reading, None)
+    planner = gpu_reset.Planner(PARAMS, [], [str(dev)], snapshot({newcomer: (0, 5000)}), reading, (None, set()))
     assert not planner.believed(newcomer)
     assert planner.gpus_of(child) == {0}
     assert "gpu_memory_mib" not in gpu_reset.describe(planner, newcomer, "device", 1)
 
-    believed = gpu_reset.Planner(PARAMS, [], [str(dev)], snapshot({newcomer: (0, 5000)}), _procs.now_ticks(), None)
+    believed = gpu_reset.Planner(PARAMS, [], [str(dev)], snapshot({newcomer: (0, 5000)}), _procs.now_ticks(), (None, set()))
     assert believed.believed(newcomer) and believed.gpus_of(child) == set()
     assert gpu_reset.describe(believed, newcomer, "device", 1)["gpu_memory_mib"] == 5000
 
@@ -83,5 +84,5 @@ def test_a_lost_gpu_is_left_to_the_mappings(tmp_path, started):
     dev.touch()
     pid = started(dev)
     reading = dict(snapshot({}), lost=[{"index": 2, "error": "GPU is lost"}])
-    planner = gpu_reset.Planner(PARAMS, [], [str(dev)], reading, _procs.now_ticks(), None)
+    planner = gpu_reset.Planner(PARAMS, [], [str(dev)], reading, _procs.now_ticks(), (None, set()))
     assert planner.gpus_of(pid) == {2}

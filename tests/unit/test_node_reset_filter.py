@@ -355,3 +355,74 @@ def test_a_module_not_found_names_the_fix_for_a_server_in_a_venv_of_its_own():
     path = {"failed": True, "msg": "path '/opt/x' does not exist", "_ansible_parsed": True}
     result = node_reset_result(steps(), "n", failed_step="pycache_check", failed_result=path)
     assert result["problems"] == ["path '/opt/x' does not exist"], result
+
+
+# --- several servers on one node: node_reset_units and the spared units and GPUs ----------------
+
+def test_the_other_units_each_say_what_happened_and_units_stopped_names_them():
+    """node_reset_units runs as a loop: each item's systemd_service result becomes a unit entry,
+    a missing unit is a note and not stopped, and units_stopped names every unit the run stopped."""
+    loop = {"changed": True, "results": [
+        {"item": "vllm-a.service", "changed": True, "status": {"ActiveState": "active"}},
+        {"item": "vllm-c.service", "changed": False, "failed": False,
+         "msg": "Could not find the requested service vllm-c.service: host"},
+        {"item": "vllm-d.service", "changed": False, "status": {"ActiveState": "inactive"}}]}
+    result = node_reset_result(steps(unit={"changed": True, "status": {"ActiveState": "failed"}}, units=loop), "n",
+                               unit="vllm.service", units=["vllm-a.service", "vllm-c.service", "vllm-d.service"])
+    assert result["units"] == [
+        {"name": "vllm-a.service", "found": True, "was": "active", "stopped": True, "note": ""},
+        {"name": "vllm-c.service", "found": False, "was": "inactive", "stopped": False,
+         "note": "unit vllm-c.service does not exist: skipped"},
+        {"name": "vllm-d.service", "found": True, "was": "inactive", "stopped": False, "note": ""}]
+    assert result["units_stopped"] == ["vllm.service", "vllm-a.service"]
+    alone = node_reset_result(steps(units=loop, gpu_reset={"changed": False}), "n", units=["vllm-a.service"])
+    assert alone["changed"] and alone["units_stopped"] == ["vllm-a.service"] and alone["unit"] == {}
+    # A unit stopped before pycache_purge refused its input: something was touched, so not `invalid`.
+    refused = {"failed": True, "msg": "module 'vlm' not found", "_ansible_parsed": True}
+    result = node_reset_result(steps(units=loop, pycache_purge=refused), "n", units=["vllm-a.service"],
+                               failed_step="pycache_purge", failed_result=refused)
+    assert result["status"] == "failed at pycache_purge", result
+
+
+def test_no_other_units_and_a_host_that_stopped_answering_in_their_loop():
+    none = node_reset_result(steps(units={"skipped": True, "results": []}), "n", units=[])
+    assert none["units"] == [] and none["units_stopped"] == []
+    gone = node_reset_result(steps(units={"unreachable": True, "msg": "ssh: timed out"}), "n", units=["vllm-a.service"])
+    assert gone["status"] == "unreachable" and gone["problems"] == ["unreachable: ssh: timed out"], gone
+
+
+@pytest.mark.parametrize("changed, sentence", [
+    ({"node_reset_units": ["", "a/b", "vllm-a.service\n", "$(reboot)", 5, None, {"a": 1}, ".service", "x" * 256]},
+     'node_reset_units has "", "a/b", "vllm-a.service\\n", "$(reboot)", 5, null, {"a": 1}, ".service", "%s": a unit is a'
+     " systemd unit name such as vllm-a.service, on one line." % ("x" * 256)),
+    ({"node_reset_gpu_reset_spare_units": ["vllm-b", "/", "vllm-b.timer", "vllm b.service", "@/%$", "\udcff.service"]},
+     'node_reset_gpu_reset_spare_units has "vllm-b", "/", "vllm-b.timer", "vllm b.service", "@/%$", "\\udcff.service": a'
+     " unit is a systemd unit name with the suffix of a unit that holds processes (.service, .scope, .slice), such as"
+     " vllm-b.service."),
+    ({"node_reset_units": ["vllm-a"], "node_reset_gpu_reset_spare_units": ["vllm-a.service", "vllm-b.service"]},
+     'node_reset_gpu_reset_spare_units has "vllm-a.service", which node_reset_unit or node_reset_units stops: a unit'
+     " cannot be stopped and spared at once."),
+    ({"node_reset_unit": "vllm-b.service", "node_reset_gpu_reset_spare_units": ["vllm-b.service"]},
+     'node_reset_gpu_reset_spare_units has "vllm-b.service", which node_reset_unit or node_reset_units stops'),
+    ({"node_reset_gpu_reset_gpus": ["0", "1", "GPU-5F0C8A1E-0000-4000-8000-000000000000"],
+      "node_reset_gpu_reset_spare_gpus": ["1", "2", "GPU-5f0c8a1e-0000-4000-8000-000000000000"]},
+     'node_reset_gpu_reset_spare_gpus has "1", "GPU-5F0C8A1E-0000-4000-8000-000000000000", which node_reset_gpu_reset_gpus or node_reset_nvml_verify_gpus'
+     " also names: a GPU cannot be reset and spared at once."),
+    ({"node_reset_nvml_verify_gpus": ["3"], "node_reset_gpu_reset_spare_gpus": ["3"]},
+     'node_reset_gpu_reset_spare_gpus has "3", which node_reset_gpu_reset_gpus or node_reset_nvml_verify_gpus'),
+    ({"node_reset_gpu_reset_spare_gpus": ["-1", "nan", "inf", "1e9", "\u00b2", ""]},
+     'node_reset_gpu_reset_spare_gpus has "-1", "nan", "inf", "1e9", "\\u00b2", "": a GPU is an index'),
+])
+def test_units_and_spared_gpus_are_checked_one_sentence_each(changed, sentence):
+    problems = node_reset_problems(values(**changed))
+    assert len(problems) == 1 and problems[0].startswith(sentence), problems
+
+
+def test_units_and_spared_gpus_that_are_fine_pass():
+    assert node_reset_problems(values(
+        node_reset_units=["vllm-a.service", "vllm@c.service", "vllm-e"], node_reset_gpu_reset_gpus=["0", "1"],
+        node_reset_gpu_reset_spare_units=["vllm-b.service", "vllm@d.service", "serving.slice", "run-x.scope"],
+        node_reset_gpu_reset_spare_gpus=["2", "GPU-5f0c8a1e-0000-4000-8000-000000000000"])) == []
+    # -e gives a string: a comma-separated list, as Ansible reads it.
+    assert node_reset_problems(values(node_reset_units="vllm-a.service,vllm-c.service",
+                                      node_reset_gpu_reset_spare_units="vllm-b.service")) == []

@@ -57,8 +57,8 @@ def test_the_defaults_give_each_module_its_options_and_leave_out_what_is_unset()
     assert list(args) == ["gpu_reset", "shm_clean", "nvml_verify"]  # no bytecode targets: no pycache_purge
     assert args["gpu_reset"] == {
         "device_paths": ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm*", "/dev/nvidia-caps/*"], "gpus": [],
-        "cmdline_patterns": [], "protect_names": DEFAULTS["node_reset_gpu_reset_protect_names"],
-        "include_children": True, "grace_period": 30, "kill_timeout": 10}  # cgroup and users null: no limit
+        "cmdline_patterns": [], "protect_names": DEFAULTS["node_reset_gpu_reset_protect_names"], "spare_units": [],
+        "spare_gpus": [], "include_children": True, "grace_period": 30, "kill_timeout": 10}  # cgroup and users null: no limit
     assert args["shm_clean"] == {"path": "/dev/shm", "patterns": DEFAULTS["node_reset_shm_clean_patterns"],
                                  "exclude": [], "min_age": 0, "remove_in_use": False}
     # expected_count 0 is the role's "no count check": the module wants it absent (it refuses 0).
@@ -159,3 +159,13 @@ def test_the_docs_and_the_argument_spec_say_the_registrys_order_and_ranges(tmp_p
 
 
 SPEC_PATH = Path("roles") / "node_reset" / "meta" / "argument_specs.yml"
+
+
+def test_the_spared_units_and_gpus_reach_gpu_reset_and_the_units_the_proxmox_sweep():
+    """A container's sweep runs on its node, where the container's GPU indices mean nothing but its
+    units' names still end its processes' cgroup paths: spare_units goes along, spare_gpus not."""
+    chosen = values(node_reset_gpu_reset_spare_units=["vllm-b.service"], node_reset_gpu_reset_spare_gpus=["2", "3"])
+    args = node_reset_step_args(chosen)["gpu_reset"]
+    assert args["spare_units"] == ["vllm-b.service"] and args["spare_gpus"] == ["2", "3"]
+    sweep = node_reset_sweep_args(dict(chosen, node_reset_pve_vmid=129))["gpu_reset"]
+    assert sweep["spare_units"] == ["vllm-b.service"] and "spare_gpus" not in sweep and sweep["cgroup"] == "/lxc/129/"
