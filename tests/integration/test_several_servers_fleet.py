@@ -19,6 +19,7 @@ pynvml against the fake NVML, HTTP over the bridge, the report.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -137,7 +138,10 @@ class Node:
         if check:
             cmd += ["--check", "--diff"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        # Kept beside the fleet for whoever reads a failure: the output and the Markdown report.
+        (self.workdir / ("last-check.log" if check else "last-run.log")).write_text(proc.stdout + proc.stderr)
         found = sorted(reports.glob("reset_and_serve-*.json"))
+        self.markdown = "".join(path.read_text() for path in reports.glob("*.md"))
         return proc, json.loads(found[-1].read_text()) if found else None
 
     def show(self, name: str, prop: str) -> str:
@@ -328,13 +332,24 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
         for gpu in gpus_of(name):
             assert nvml[gpu]["pids"] and set(nvml[gpu]["pids"]) <= set(procs), (name, gpu, nvml[gpu], procs)
         assert len(node.shm(name)) == 2, node.shm(name)
+    # The report: one row per instance, the two broken ones reset and restarted, with the MainPID
+    # systemd has now; the host ok, and what it freed was on the broken instances' GPUs only.
     rows = instance_rows(report)
     assert set(rows) == {unit(name) for name in INSTANCES}, rows
-    for name in BROKEN:
-        assert rows[unit(name)]["reset"] and rows[unit(name)]["service"]["status"] == "ready", rows[unit(name)]
-    for name in HEALTHY:
-        assert not rows[unit(name)]["reset"] and rows[unit(name)]["service"]["status"] == "ready", rows[unit(name)]
-    assert rows[unit("c")]["killed"] == len(broken["leftovers"]), rows[unit("c")]
+    for name in INSTANCES:
+        row = rows[unit(name)]
+        assert row["gpus"] == gpus_of(name) and row["service_status"] == "ready" and row["ok"], row
+        assert row["reset"] == row["restarted"] == (name in BROKEN), row
+        assert row["main_pid"] == node.main_pid(name), row
+        assert (row["ready_s"] is not None) == (name in BROKEN), row
+    (host,) = [row for row in report["hosts"] if row["host"] == HOST]
+    assert host["status"] == "ok" and host["service_status"] == "ready", host
+    assert host["killed"] == len(broken["leftovers"]), host  # a's workers went with its unit's stop
+    assert sorted(int(gpu) for gpu in host["mib_freed_per_gpu"]) == sorted(
+        gpu for name in BROKEN for gpu in gpus_of(name)), host
+    for name in INSTANCES:
+        assert re.search(rf"^\| {HOST} \| {re.escape(unit(name))} \| {INSTANCES[name][1]} \| ready \| "
+                         rf"{'yes' if name in BROKEN else 'no'} \|", node.markdown, re.M), node.markdown
 
 
 def test_a_second_run_changes_nothing(node):
@@ -344,7 +359,8 @@ def test_a_second_run_changes_nothing(node):
     assert recap(proc.stdout)[HOST]["changed"] == 0, proc.stdout[-6000:]
     assert {name: node.main_pid(name) for name in INSTANCES} == before
     rows = instance_rows(report)
-    assert all(not row["reset"] and row["service"]["status"] == "ready" for row in rows.values()), rows
+    assert all(not row["reset"] and not row["restarted"] and row["service_status"] == "ready"
+               for row in rows.values()), rows
 
 
 def instance_rows(report) -> dict:
