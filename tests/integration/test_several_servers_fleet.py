@@ -290,15 +290,25 @@ def test_check_diff_on_the_broken_node_says_per_instance_what_would_be_stopped_a
     proc, report = node.play(check=True)
     assert proc.returncode == 0, proc.stdout[-6000:]
     out = proc.stdout
-    # Per instance: the two broken units would be stopped and started again, the healthy ones not.
-    for name in BROKEN:
-        assert unit(name) in out, out[-6000:]
+    # Per instance: which units would be stopped (a's; c is already failed), which processes
+    # would be stopped (a's workers, the leftovers on 4,5) and which are spared, by unit.
+    stops = re.search(r"TASK \[cleanslate\.gpu\.node_reset : Stop the other inference units\] \**\n(.*?)\n\n", out, re.S)
+    assert stops, out[-6000:]
+    assert re.findall(r"(\w+): \[node1\] => \(item=(\S+)\)", stops.group(1)) == [
+        ("changed", unit("a")), ("ok", unit("c"))], stops.group(1)
+    for pid in broken["a_procs"][1:] + broken["leftovers"]:
+        assert re.search(rf"^-{pid} VLLM::Worker_TP: .* -- stop, device", out, re.M), out[-6000:]
+    stopped = {int(pid) for pid in re.findall(r"^-(\d+) ", out, re.M)}
+    assert stopped == set(broken["a_procs"][1:] + broken["leftovers"]), out[-6000:]
+    for name in HEALTHY:  # the diff's context shows some of each neighbour's workers, spared by unit
+        assert re.search(rf"^ \d+ VLLM::Worker_TP: .* -- spared, in unit {re.escape(unit(name))}$", out, re.M), \
+            out[-6000:]
     rows = instance_rows(report)
     assert set(rows) == {unit(name) for name in INSTANCES}, rows
-    for name in BROKEN:
-        assert rows[unit(name)]["reset"], rows[unit(name)]
-    for name in HEALTHY:
-        assert not rows[unit(name)]["reset"], rows[unit(name)]
+    for name in INSTANCES:
+        assert rows[unit(name)]["reset"] == (name in BROKEN) and rows[unit(name)]["service_status"] == "check", rows
+        assert re.search(rf"^\| {HOST} \| {re.escape(unit(name))} \| {INSTANCES[name][1]} \| check \| "
+                         rf"{'yes' if name in BROKEN else 'no'} \|", node.markdown, re.M), node.markdown
     # Nothing changed: a's dead server and workers, the leftovers on GPUs 4,5, c still failed.
     assert node.main_pid("a") == broken["a_pid"] and node.procs("a") == broken["a_procs"]
     assert all(node.alive(pid) for pid in broken["leftovers"])
