@@ -95,6 +95,9 @@ def host_vars(names=tuple(INSTANCES)) -> dict:
         "node_reset_nvml_verify_expected_count": GPUS,
         "node_reset_nvml_verify_timeout": 20,
         "node_reset_gpu_reset_grace_period": 3,
+        # What the manual ritual kills (pkill -f 'vllm serve'): it matches every server of the node,
+        # the healthy neighbours' too, which only their spared units and GPUs keep alive.
+        "node_reset_gpu_reset_cmdline_patterns": ["vllm serve"],
     }
     if len(names) == 1:
         values.update({"inference_service_" + key: value for key, value in instance(names[0]).items()})
