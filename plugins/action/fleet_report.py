@@ -156,6 +156,18 @@ def would_stop(steps: Mapping) -> list:
             for target in targets or [] if isinstance(target, Mapping)]
 
 
+def killed_gpus(steps: Mapping) -> list:
+    """The GPU indices (text) each process gpu_reset ended held, one list per process ([] for one
+    that held none, an API server found by its command line): an instance's share of the kills."""
+    gpu_reset = steps.get("gpu_reset") or {}
+    if not _ran(gpu_reset):
+        return []
+    held = {target.get("pid"): target.get("gpus") or [] for target in gpu_reset.get("targets") or []
+            if isinstance(target, Mapping)}
+    return [sorted(str(gpu) for gpu in held.get(item.get("pid")) or []) for item in gpu_reset.get("killed") or []
+            if isinstance(item, Mapping)]
+
+
 def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
     """One row of the report from a host's node_reset_result (None: the role left none).
 
@@ -194,6 +206,7 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
         "mib_freed_per_gpu": freed,
         # Which index each GPU had before the reset: an instance names its GPUs by UUID or index.
         "gpu_uuids": {str(gpu.get("index")): gpu.get("uuid") for gpu in before if gpu.get("uuid")},
+        "killed_gpus": killed_gpus(steps),
         "gpus_lost": lost,
         "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
         "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
@@ -246,7 +259,8 @@ def instance_rows(rows: list) -> list:
     its GPUs, its service status, whether the reset stopped it and the MiB freed on its GPUs, its
     ready seconds and acceptance. The host's reset is one for all its reset instances: each is
     credited with the MiB freed on its own GPUs (by index; a GPU named by UUID is matched through
-    the reading before the reset)."""
+    the reading before the reset), and with the processes killed that held one of them (a process
+    that held no GPU, such as an API server, counts in the host's `killed` only)."""
     found = []
     for row in rows:
         freed = row.get("mib_freed_per_gpu") if isinstance(row.get("mib_freed_per_gpu"), Mapping) else {}
@@ -256,10 +270,19 @@ def instance_rows(rows: list) -> list:
                 continue
             indices = [by_uuid.get(str(gpu).lower(), str(gpu)) for gpu in instance.get("gpus") or []]
             mib = [_number(freed[index]) for index in indices if index in freed]
-            item = dict(instance, host=row.get("host"), stopped=bool(instance.get("reset")),
-                        mib_freed=sum(value or 0 for value in mib) if instance.get("reset") else 0)
-            found.append(item)
+            reset = bool(instance.get("reset"))
+            killed = [held for held in row.get("killed_gpus") or [] if set(held) & set(indices)]
+            found.append(dict(instance, host=row.get("host"), stopped=reset, killed=len(killed) if reset else 0,
+                              mib_freed=sum(value or 0 for value in mib) if reset else 0))
     return found
+
+
+def with_instance_rows(rows: list) -> list:
+    """Each host row's `instances` with what its reset stopped, killed and freed (instance_rows)."""
+    for row in rows:
+        if isinstance(row.get("instances"), list):
+            row["instances"] = instance_rows([row])
+    return rows
 
 
 def render_instances(instances: list, read_only: bool = False) -> list:
@@ -345,7 +368,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
                  "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
         cells += [_cell(row.get(column["key"])) for column in columns]
         lines.append("| %s |" % " | ".join(cells))
-    lines += render_instances(instance_rows(rows), read_only)
+    lines += render_instances([instance for row in rows for instance in row.get("instances") or []], read_only)
     bad = [row for row in rows if not row.get("ok")]
     lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]
     # One line per problem: a host with eight dirty GPUs reads as eight lines, not one.
@@ -428,7 +451,7 @@ class ActionModule(ControllerAction):
             facts = hostvars[host] if host in hostvars else {}
             rows = [row for row in rows if row["host"] != host]
             rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN, read_only))
-        rows = merge_rows(rows, args["rows"])
+        rows = with_instance_rows(merge_rows(rows, args["rows"]))
         # A relative dest is under the controller's working directory (where ansible-playbook runs),
         # made absolute so that the paths returned say where the files are.
         args["dest"] = os.path.abspath(args["dest"])
@@ -439,7 +462,7 @@ class ActionModule(ControllerAction):
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
                                    args["columns"], read_only, args.get("trigger"))
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
-        instances = instance_rows(rows)
+        instances = [instance for row in rows for instance in row.get("instances") or []]
         if instances:
             document["instances"] = instances
         if args.get("trigger"):

@@ -38,7 +38,7 @@ def instance_keys() -> list:
 
 
 def parse_gpus(value) -> tuple:
-    """(GPUs, kind, problem) of a CUDA_VISIBLE_DEVICES value: indices (int) or UUIDs (lower case),
+    """(GPUs, kind, problem) of a CUDA_VISIBLE_DEVICES value: indices (int) or UUIDs (as NVML prints them: GPU- and lower-case hexadecimal),
     kind `index` or `uuid`; problem is a phrase (None when good)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return [], None, "is %s: it must be GPU indices or GPU-... UUIDs, separated by commas" % shown(value)
@@ -51,7 +51,7 @@ def parse_gpus(value) -> tuple:
             gpus.append(int(item))
             kinds.add("index")
         elif GPU_UUID.match(item):
-            gpus.append(item.lower())
+            gpus.append("GPU-" + item[4:].lower())  # as NVML prints it
             kinds.add("uuid")
         elif item.upper().startswith("MIG-"):
             return [], None, ("names %s, a MIG instance: a GPU reset cannot be scoped to a slice of a GPU; give whole "
@@ -100,11 +100,12 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
     merged.pop(VARIABLE, None)
     problems += [_renamed(problem, where) for problem in inference_service_problems(merged)]
     # Ansible's dict check takes "k=v" text for a mapping; the role's templates do not.
-    problems += ["%s.%s is %s: it must be a mapping of names to values." % (
-                     where, name[len(PREFIX):], "(hidden)" if option.get("no_log") else shown(merged[name]))
-                 for name, option in spec().items()
-                 if option.get("type") == "dict" and name[len(PREFIX):] in item and not isinstance(merged[name], Mapping)
-                 and not any(problem.startswith("%s.%s " % (where, name[len(PREFIX):])) for problem in problems)]
+    for name, option in spec().items():
+        key = name[len(PREFIX):]
+        said = any(problem.startswith("%s.%s " % (where, key)) for problem in problems)
+        if option.get("type") == "dict" and key in item and not isinstance(merged[name], Mapping) and not said:
+            problems.append("%s.%s is %s: it must be a mapping of names to values."
+                            % (where, key, "(hidden)" if option.get("no_log") else shown(merged[name])))
     port = merged.get(PREFIX + "port")
     if not problems and isinstance(port, bool):
         problems.append("%s.port is %s: it must be a whole number." % (where, shown(port)))
@@ -167,7 +168,7 @@ def inference_service_instances(variables):
     """{instances: [resolved instance], problems: [sentence]} of the role's variables by name.
 
     An instance holds every per-instance variable without the prefix, its environment with
-    CUDA_DEVICE_ORDER PCI_BUS_ID added to GPU indices, `gpus` (indices or lower-case UUIDs) and
+    CUDA_DEVICE_ORDER PCI_BUS_ID added to GPU indices, `gpus` (indices or UUIDs as NVML prints them) and
     `gpu_kind` (`index`, `uuid`, or None: every GPU). No instance list: one instance of the
     single-service variables. Problems: none is returned with an instance list (nothing may run)."""
     if not isinstance(variables, Mapping):

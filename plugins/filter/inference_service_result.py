@@ -142,7 +142,8 @@ def _instance_row(result: Mapping) -> dict:
             "restarted": bool(result.get("restarted")), "reset": bool(result.get("reset")),
             "main_pid": result.get("main_pid"),
             "ready_s": result.get("ready_s"), "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
-            "acceptance_rate": rate, "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100)}
+            "acceptance_rate": rate, "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),
+            "service": dict(result)}
 
 
 # Worst first: what a host with several instances says of itself is its worst instance's word.
@@ -174,7 +175,7 @@ def inference_service_host_result(results, host):
                        instances=[dict(result) for result in results])
     if not host_result["ok"]:
         host_result["reason"] = "\n".join("%s: %s" % (result.get("unit"), result.get("reason") or result.get("status"))
-                                           for result in results if not result.get("ok"))
+                                          for result in results if not result.get("ok"))
     return host_result
 
 

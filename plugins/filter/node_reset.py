@@ -267,8 +267,9 @@ def _refused_first(failed_step, steps) -> bool:
     stopped before it, nothing was touched, as when a check on the host refuses it."""
     if failed_step != "pycache_purge":
         return False
-    return ("errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
-            and not _step(steps, "units").get("changed"))
+    if _step(steps, "units").get("changed"):
+        return False  # a unit of node_reset_units was stopped before it
+    return "errors" not in _step(steps, "pycache_purge") and not _step(steps, "unit").get("changed")
 
 
 def _refusal(failed_step, failed_result) -> str:
@@ -279,6 +280,15 @@ def _refusal(failed_step, failed_result) -> str:
         msg += (" (node_reset_pycache_purge_modules: when the server lives in a venv of its own, set"
                 " node_reset_pycache_purge_python to that venv's python, e.g. /opt/vllm/.venv/bin/python)")
     return msg
+
+
+def _failure(failed_result: Mapping) -> str:
+    """The failed step's message; for a loop (node_reset_units), each failed item's, by item,
+    instead of Ansible's "One or more items failed"."""
+    items = [item for item in failed_result.get("results") or [] if isinstance(item, Mapping) and item.get("failed")]
+    if items:
+        return "; ".join("%s: %s" % (item.get("item"), item.get("msg", "failed")) for item in items)
+    return str(failed_result.get("msg", "failed"))
 
 
 def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
@@ -369,7 +379,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
     killed = _list(gpu_reset, "killed") + _list(sweep, "killed")
     error = None
     if failed_step not in (None, "validate", "unreachable"):
-        error = str((failed_result or {}).get("msg", "failed"))
+        error = _failure(failed_result)
     now = time.time() if now is None else now
     started = float(started) if _role_spec.as_number(started) is not None and math.isfinite(float(started)) else now
     swept_clean = status == "swept-unreachable" and "survivors" in sweep and not sweep["survivors"]

@@ -277,3 +277,43 @@ def detached_successor_runs(ns, holder, device_paths, watch, runs, params=None) 
             os.kill(pid, signal.SIGKILL)
         ns.reap()
     return {"runs": done}
+
+
+def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
+    """The detached successor born at the worst moment, on purpose: `holder` (term_detaches, its
+    middle process held on the FIFO detach_hold) is stopped by gpu_reset under a seccomp gate
+    (tests/syscall_gate.py) that holds the module at its first read of a process's stat once the
+    holder is gone: the scan after the round has listed /proc. The test then lets the middle
+    process fork the successor and waits until the middle has exited, so the successor is in no
+    listing that scan took, and its parent is gone when the scan reads it. Returns the result and
+    who maps the watched paths after the run."""
+    import os  # pylint: disable=import-outside-toplevel
+    import time  # pylint: disable=import-outside-toplevel
+    from tests.functional.pidns import read_stat  # pylint: disable=import-outside-toplevel
+    from tests.syscall_gate import SyscallGate  # pylint: disable=import-outside-toplevel
+
+    fifo = str(ns.scratch / "detach.fifo")
+    os.mkfifo(fifo)
+    started = ns.start(**dict(holder, detach_hold=fifo))
+    server = started[holder["key"]]["pid"]
+    released = []
+
+    def gone(pid):
+        return (read_stat(pid) or ("X",))[0] in ("Z", "X")
+
+    def on_call(call):
+        if released or not (call.path or b"").startswith(b"/proc/") or not call.path.endswith(b"/stat"):
+            return
+        if call.path == b"/proc/%d/stat" % server or not gone(server):
+            return
+        with open(fifo, "wb") as handle:  # the middle process forks the successor now
+            handle.write(b"+")
+        middle = int(open(fifo + ".pid").read())
+        deadline = time.monotonic() + 60  # a bound for a hung middle process, not a measurement
+        while not gone(middle) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        released.append({"middle": middle, "held_at": call.path.decode()})
+
+    with SyscallGate(ns.scratch, hold=["openat"], handler=on_call) as gate:
+        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths), env=NO_NVML, python=gate.python)
+    return {"result": result, "released": released, "left": ns.mappers(watch)}

@@ -76,6 +76,11 @@ def take(spec):
             if os.fork() == 0:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.setsid()
+                if spec.get("detach_hold"):
+                    # The middle process waits for the test (a FIFO) before it forks, its pid beside it.
+                    with open(spec["detach_hold"] + ".pid", "w") as handle:
+                        handle.write(str(os.getpid()))
+                    open(spec["detach_hold"], "rb").read(1)
                 if os.fork() == 0:
                     become(spec["term_detaches"])
                 os._exit(0)
@@ -127,7 +132,8 @@ class Namespace(object):
 
     def start(self, argv_extra=(), uid=None, python=None, **spec) -> dict:
         """Start a holder (see HOLDER; spec keys: key, name ("hex:..." for raw bytes), open, map,
-        ignore_term, term_forks, term_detaches, children (each may be `fresh`), exits, fork_every, close_mapped) and return {key: {pid, ppid, starttime}} of it
+        ignore_term, term_forks, term_detaches (detach_hold),
+        children (each may be `fresh`), exits, fork_every, close_mapped) and return {key: {pid, ppid, starttime}} of it
         and its children, once each is ready. argv_extra: more arguments (bytes allowed) that
         only show in its cmdline; uid: run it as this user; python: the interpreter to run it
         with (e.g. a link named like a protected daemon). A holder that exits is waited for."""

@@ -371,3 +371,24 @@ def test_a_spared_gpu_keeps_its_holders_through_reset_yml_and_only_the_others_ar
     assert all(_alive(entry["pid"]) for entry in spared), spared
     assert not any(_alive(entry["pid"]) for entry in holders if 3 not in entry["gpus"])
     assert row["killed"] == len(holders) - len(spared) + len(manifest["processes"]["api_server"]), row
+
+
+def test_other_units_that_cannot_be_stopped_fail_the_host_at_unit_before_any_signal(crashed_node, tmp_path):
+    """node_reset_units on a host whose systemctl cannot answer (no systemd as PID 1 here; the fleet
+    tests stop real units): each unit is tried, the host is `failed at unit` with each unit's own
+    message (not Ansible's "One or more items failed"), and nothing of the node was touched. Where
+    systemd runs, the units are not installed: each is a note and the reset goes on."""
+    manifest = crashed_node
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_units=["vllm-x.service", "vllm-y.service"]), tmp_path)
+    row = rows["simulated-node"]
+    if Path("/run/systemd/system").is_dir():
+        assert proc.returncode == 0 and row["status"] == "ok", proc.stdout[-3000:]
+        assert "unit vllm-x.service does not exist: skipped" in proc.stdout
+        assert "unit vllm-y.service does not exist: skipped" in proc.stdout
+        return
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert row["status"] == "failed at unit" and row["killed"] == 0 and not row["changed"], row
+    assert "vllm-x.service: System has not been booted with systemd" in row["problems"][0], row
+    assert "vllm-y.service: " in row["problems"][0], row
+    assert all(_alive(entry["pid"]) for entries in manifest["processes"].values() for entry in entries)

@@ -25,6 +25,7 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 NAME = "node1"
 UNITS = {"a": "vllm-a.service", "b": "vllm-b.service"}
 PORTS = {"a": 8001, "b": 8002}
+METRICS = "/run/cleanslate-metrics"
 
 
 def host_vars() -> dict:
@@ -38,6 +39,7 @@ def host_vars() -> dict:
         "inference_service_drain_timeout": 2,
         # systemd would restart a killed server by itself within a second: the run must find it dead.
         "inference_service_restart_sec": 600,
+        "inference_service_metrics_dir": METRICS,
         "inference_service_instances": [
             {"unit": UNITS["a"], "port": PORTS["a"], "served_name": "a",
              "environment": dict(env, CUDA_VISIBLE_DEVICES="0,1")},
@@ -89,6 +91,7 @@ def host(tmp_path_factory, fake_nvml_lib):
     try:
         fleet.up()
         engines.install(fleet.hosts[NAME].root)
+        fleet.run(NAME, ["mkdir", "-p", METRICS])
         state = Host(fleet, tmp_path_factory.mktemp("serve"))
         state.first = state.play()
         yield state
@@ -110,10 +113,27 @@ def test_two_instances_are_served_each_on_its_own_unit_port_and_gpus(host):
     assert "| unit | GPUs |" in proc.stdout, proc.stdout[-4000:]
 
 
-def test_only_the_broken_instance_is_reset_and_restarted(host):
+def test_check_diff_says_per_instance_what_would_be_reset_and_changes_nothing(host):
     pid_a, pid_b = host.main_pid(UNITS["a"]), host.main_pid(UNITS["b"])
-    assert pid_a and pid_b
     host.fleet.run(NAME, ["systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", UNITS["b"]])
+    proc, report = host.play(check=True)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    rows = {item["unit"]: item for item in report["instances"]}
+    assert (rows[UNITS["a"]]["stopped"], rows[UNITS["b"]]["stopped"]) == (False, True), rows
+    assert rows[UNITS["b"]]["service"]["reason"] == "check mode: would stop the unit, reset its GPUs and start it", rows
+    assert rows[UNITS["a"]]["service"]["reason"] == "check mode: would leave the server running", rows
+    assert "| host | unit | GPUs | service | would reset |" in proc.stdout
+    assert f"| {NAME} | {UNITS['b']} | 2,3 | check | yes |" in proc.stdout, proc.stdout[-4000:]
+    # Nothing changed: a still runs as it did, b is still dead.
+    assert host.main_pid(UNITS["a"]) == pid_a and host.health("a") == 200
+    assert host.main_pid(UNITS["b"]) == 0 and host.health("b") == 0
+    host.first_broken = pid_b
+
+
+def test_only_the_broken_instance_is_reset_and_restarted(host):
+    pid_a, pid_b = host.main_pid(UNITS["a"]), getattr(host, "first_broken", None) or host.main_pid(UNITS["b"])
+    assert pid_a and pid_b
+    host.fleet.run(NAME, ["systemctl", "kill", "--signal=SIGKILL", "--kill-whom=main", UNITS["b"]], check=False)
     proc, report = host.play()
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     # The healthy neighbour kept its server: same MainPID, still answering.
@@ -129,6 +149,10 @@ def test_only_the_broken_instance_is_reset_and_restarted(host):
     assert row["status"] == "ok" and row["service_status"] == "ready", row
     # Two rows in the report's instance list, one per server.
     assert [(item["host"], item["unit"]) for item in report["instances"]] == [(NAME, UNITS["a"]), (NAME, UNITS["b"])]
+    # One metrics file per instance, each with its own unit label (a shared name would keep only the last).
+    for key, unit in UNITS.items():
+        text = host.fleet.run(NAME, ["cat", f"{METRICS}/cleanslate_gpu_inference_service_vllm-{key}.prom"]).stdout
+        assert f'unit="{unit}"' in text and 'status="ready"' in text, text
 
 
 def test_a_second_run_changes_nothing(host):
@@ -138,6 +162,8 @@ def test_a_second_run_changes_nothing(host):
     assert "changed=0" in proc.stdout.split("PLAY RECAP", 1)[1], proc.stdout[-3000:]
     assert {key: host.main_pid(unit) for key, unit in UNITS.items()} == pids
     assert report["hosts"][0]["killed"] == 0
+    # Each instance's settings are checked once (the validation play), not again by its later steps.
+    assert proc.stdout.count("Build the server's command line and check it against the engine version's flags") == 2
 
 
 def test_instances_sharing_a_gpu_are_refused_by_name_and_nothing_is_touched(host):

@@ -122,7 +122,7 @@ def test_an_item_that_is_not_a_mapping_is_refused():
     ("MIG-1b2c3d4e-0000-1111-2222-333344445555", "a MIG instance"),
     ("%s/1/0" % UUID_A, "neither a GPU index nor a whole GPU's UUID"),
     ("2,%s" % UUID_B, "mixes GPU indices and UUIDs"),
-    ("%s,%s" % (UUID_B, UUID_B.upper().replace("GPU-", "gpu-")), "names %s more than once" % UUID_B.lower()),
+    ("%s,%s" % (UUID_B, UUID_B.upper().replace("GPU-", "gpu-")), "names GPU-%s more than once" % UUID_B[4:].lower()),
     ("2\n3", "neither a GPU index"), ("2;3", "neither a GPU index"), ("'2'", "neither a GPU index"),
     ("$GPUS", "neither a GPU index"), ("@/%", "neither a GPU index"), ("2\udcff", "neither a GPU index"),
     ("GPU-xyz", "neither a GPU index"), ("nan", "neither a GPU index"), (["2", "3"], 'is ["2", "3"]'),
@@ -141,10 +141,10 @@ def test_uuids_are_compared_whatever_their_case():
     second = {"unit": "vllm-b.service", "port": 8002, "environment": {"CUDA_VISIBLE_DEVICES": UUID_A.upper()}}
     assert problems(first, second) == [
         "inference_service_instances[0] (vllm-a.service) and inference_service_instances[1] (vllm-b.service) share the "
-        "GPU %s: a reset of one would kill the other's workers." % UUID_A.lower()]
+        "GPU %s: a reset of one would kill the other's workers." % UUID_A]
     second["environment"]["CUDA_VISIBLE_DEVICES"] = UUID_B
     resolved = inference_service_instances(variables(first, second))
-    assert resolved["problems"] == [] and resolved["instances"][1]["gpus"] == [UUID_B.lower()]
+    assert resolved["problems"] == [] and resolved["instances"][1]["gpus"] == [UUID_B]
     # UUIDs need no order: none is added.
     assert "CUDA_DEVICE_ORDER" not in resolved["instances"][1]["environment"]
 
@@ -154,8 +154,8 @@ def test_indices_with_another_device_order_are_refused():
     assert found == ['inference_service_instances[1] (vllm-b.service).environment.CUDA_DEVICE_ORDER is "FASTEST_FIRST": '
                      "GPU indices in CUDA_VISIBLE_DEVICES then do not count GPUs as NVML does, and the reset would pick "
                      "other GPUs; use PCI_BUS_ID or GPU UUIDs."]
-    ok = inference_service_instances(variables(*two(environment={"CUDA_VISIBLE_DEVICES": UUID_B,
-                                                                  "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})))
+    uuids = {"CUDA_VISIBLE_DEVICES": UUID_B, "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    ok = inference_service_instances(variables(*two(environment=uuids)))
     assert ok["problems"] == ["inference_service_instances mixes GPU indices and UUIDs in CUDA_VISIBLE_DEVICES across "
                               "instances: an index and a UUID of the same GPU cannot be told apart before the host is "
                               "read; use one or the other."]

@@ -281,3 +281,13 @@ def test_start_time_is_psutils_create_time(started):
     proc = _start(SLEEP)
     started.append(proc)
     assert _procs.start_time(_procs.read_stat(proc.pid)) == psutil.Process(proc.pid).create_time()
+
+
+def test_cgroup_components_are_every_path_component_of_every_hierarchy():
+    """spare_units compares whole components: cgroup v2's line, v1's name=systemd among the
+    controllers, a template instance, a removed cgroup's suffix, a path that contains a colon."""
+    text = ("12:cpu,cpuacct:/\n1:name=systemd:/system.slice/system-vllm.slice/vllm@b.service\n"
+            "0::/system.slice/vllm-a.service/payload:x (deleted)\n")
+    assert _procs.cgroup_components(text) == {"system.slice", "system-vllm.slice", "vllm@b.service", "vllm-a.service",
+                                              "payload:x"}
+    assert _procs.cgroup_components("") == set()
