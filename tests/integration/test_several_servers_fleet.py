@@ -95,6 +95,9 @@ def host_vars(names=tuple(INSTANCES)) -> dict:
         "node_reset_nvml_verify_expected_count": GPUS,
         "node_reset_nvml_verify_timeout": 20,
         "node_reset_gpu_reset_grace_period": 3,
+        # What the manual ritual kills (pkill -f 'vllm serve'): it matches every server of the node,
+        # the healthy neighbours' too, which only their spared units and GPUs keep alive.
+        "node_reset_gpu_reset_cmdline_patterns": ["vllm serve"],
     }
     if len(names) == 1:
         values.update({"inference_service_" + key: value for key, value in instance(names[0]).items()})
@@ -291,18 +294,21 @@ def test_check_diff_on_the_broken_node_says_per_instance_what_would_be_stopped_a
     assert proc.returncode == 0, proc.stdout[-6000:]
     out = proc.stdout
     # Per instance: which units would be stopped (a's; c is already failed), which processes
-    # would be stopped (a's workers, the leftovers on 4,5) and which are spared, by unit.
+    # would be stopped (a's, the leftovers on 4,5) and which are spared, by unit.
     stops = re.search(r"TASK \[cleanslate\.gpu\.node_reset : Stop the other inference units\] \**\n(.*?)\n\n", out, re.S)
     assert stops, out[-6000:]
     assert re.findall(r"(\w+): \[node1\] => \(item=(\S+)\)", stops.group(1)) == [
         ("changed", unit("a")), ("ok", unit("c"))], stops.group(1)
     for pid in broken["a_procs"][1:] + broken["leftovers"]:
         assert re.search(rf"^-{pid} VLLM::Worker_TP: .* -- stop, device", out, re.M), out[-6000:]
+    # a's API server too (it holds no GPU, and matches the pattern): it goes with its instance.
     stopped = {int(pid) for pid in re.findall(r"^-(\d+) ", out, re.M)}
-    assert stopped == set(broken["a_procs"][1:] + broken["leftovers"]), out[-6000:]
-    for name in HEALTHY:  # the diff's context shows some of each neighbour's workers, spared by unit
-        assert re.search(rf"^ \d+ VLLM::Worker_TP: .* -- spared, in unit {re.escape(unit(name))}$", out, re.M), \
-            out[-6000:]
+    assert stopped == set(broken["a_procs"] + broken["leftovers"]), out[-6000:]
+    # The diff's context lines show some of the neighbours' processes: each one spared, by its unit.
+    shown = {int(pid): why for pid, why in re.findall(r"^ (\d+) [^\n]* -- ([^\n]*)$", out, re.M)}
+    owner = {pid: name for name in HEALTHY for pid in healthy[name]["procs"]}
+    assert shown and set(shown) <= set(owner), (shown, owner)
+    assert all(why == f"spared, in unit {unit(owner[pid])}" for pid, why in shown.items()), shown
     rows = instance_rows(report)
     assert set(rows) == {unit(name) for name in INSTANCES}, rows
     for name in INSTANCES:
@@ -352,6 +358,10 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
         assert row["reset"] == row["restarted"] == (name in BROKEN), row
         assert row["main_pid"] == node.main_pid(name), row
         assert (row["ready_s"] is not None) == (name in BROKEN), row
+    for name in HEALTHY:  # nothing stopped, killed or freed for a neighbour
+        assert not rows[unit(name)]["stopped"] and rows[unit(name)]["killed"] == rows[unit(name)]["mib_freed"] == 0
+    assert rows[unit("a")]["stopped"] and rows[unit("a")]["mib_freed"] > 0, rows[unit("a")]
+    assert rows[unit("c")]["killed"] == len(broken["leftovers"]) and rows[unit("c")]["mib_freed"] > 0, rows[unit("c")]
     (host,) = [row for row in report["hosts"] if row["host"] == HOST]
     assert host["status"] == "ok" and host["service_status"] == "ready", host
     assert host["killed"] == len(broken["leftovers"]), host  # a's workers went with its unit's stop
