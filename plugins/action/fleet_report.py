@@ -156,6 +156,18 @@ def would_stop(steps: Mapping) -> list:
             for target in targets or [] if isinstance(target, Mapping)]
 
 
+def killed_gpus(steps: Mapping) -> list:
+    """The GPU indices (text) each process gpu_reset ended held, one list per process ([] for one
+    that held none, an API server found by its command line): an instance's share of the kills."""
+    gpu_reset = steps.get("gpu_reset") or {}
+    if not _ran(gpu_reset):
+        return []
+    held = {target.get("pid"): target.get("gpus") or [] for target in gpu_reset.get("targets") or []
+            if isinstance(target, Mapping)}
+    return [sorted(str(gpu) for gpu in held.get(item.get("pid")) or []) for item in gpu_reset.get("killed") or []
+            if isinstance(item, Mapping)]
+
+
 def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
     """One row of the report from a host's node_reset_result (None: the role left none).
 
@@ -192,6 +204,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
         "killed": _number(result.get("killed_count")) or 0,
         "mib_freed": sum(freed.values()),
         "mib_freed_per_gpu": freed,
+        # Which index each GPU had before the reset: an instance names its GPUs by UUID or index.
+        "gpu_uuids": {str(gpu.get("index")): gpu.get("uuid") for gpu in before if gpu.get("uuid")},
+        "killed_gpus": killed_gpus(steps),
         "gpus_lost": lost,
         "shm_bytes_freed": _number(result.get("shm_bytes_freed")) or 0,
         "bytecode_removed": _number(result.get("bytecode_removed")) or 0,
@@ -237,6 +252,51 @@ def merge_rows(rows: list, extra: list) -> list:
             else:
                 row[key] = value
     return rows
+
+
+def instance_rows(rows: list) -> list:
+    """One row per server of the hosts with several (inference_service_instances): the host, its unit,
+    its GPUs, its service status, whether the reset stopped it and the MiB freed on its GPUs, its
+    ready seconds and acceptance. The host's reset is one for all its reset instances: each is
+    credited with the MiB freed on its own GPUs (by index; a GPU named by UUID is matched through
+    the reading before the reset), and with the processes killed that held one of them (a process
+    that held no GPU, such as an API server, counts in the host's `killed` only)."""
+    found = []
+    for row in rows:
+        freed = row.get("mib_freed_per_gpu") if isinstance(row.get("mib_freed_per_gpu"), Mapping) else {}
+        by_uuid = {str(uuid).lower(): index for index, uuid in (row.get("gpu_uuids") or {}).items()}
+        for instance in row.get("instances") or []:
+            if not isinstance(instance, Mapping):
+                continue
+            indices = [by_uuid.get(str(gpu).lower(), str(gpu)) for gpu in instance.get("gpus") or []]
+            mib = [_number(freed[index]) for index in indices if index in freed]
+            reset = bool(instance.get("reset"))
+            killed = [held for held in row.get("killed_gpus") or [] if set(held) & set(indices)]
+            found.append(dict(instance, host=row.get("host"), stopped=reset, killed=len(killed) if reset else 0,
+                              mib_freed=sum(value or 0 for value in mib) if reset else 0))
+    return found
+
+
+def with_instance_rows(rows: list) -> list:
+    """Each host row's `instances` with what its reset stopped, killed and freed (instance_rows)."""
+    for row in rows:
+        if isinstance(row.get("instances"), list):
+            row["instances"] = instance_rows([row])
+    return rows
+
+
+def render_instances(instances: list, read_only: bool = False) -> list:
+    """The Markdown lines of the instances' table (none when no host has several servers)."""
+    if not instances:
+        return []
+    lines = ["", "| host | unit | GPUs | service | %s | MiB freed | ready s | acceptance |"
+             % ("would reset" if read_only else "reset"), "| --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
+    for item in instances:
+        lines.append("| %s |" % " | ".join(_cell(value) for value in (
+            item.get("host"), item.get("unit"), ",".join(str(gpu) for gpu in item.get("gpus") or []) or "all",
+            item.get("service_status"), "yes" if item.get("stopped") else "no", "%d" % (_number(item.get("mib_freed")) or 0),
+            item.get("service_ready_s", "-"), item.get("service_acceptance", "-"))))
+    return lines
 
 
 def read_reports(patterns: list, kind: str) -> tuple:
@@ -308,6 +368,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
                  "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
         cells += [_cell(row.get(column["key"])) for column in columns]
         lines.append("| %s |" % " | ".join(cells))
+    lines += render_instances([instance for row in rows for instance in row.get("instances") or []], read_only)
     bad = [row for row in rows if not row.get("ok")]
     lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]
     # One line per problem: a host with eight dirty GPUs reads as eight lines, not one.
@@ -390,7 +451,7 @@ class ActionModule(ControllerAction):
             facts = hostvars[host] if host in hostvars else {}
             rows = [row for row in rows if row["host"] != host]
             rows.append(host_row(host, facts.get(RESULT_FACT), args["not_run"] or NOT_RUN, read_only))
-        rows = merge_rows(rows, args["rows"])
+        rows = with_instance_rows(merge_rows(rows, args["rows"]))
         # A relative dest is under the controller's working directory (where ansible-playbook runs),
         # made absolute so that the paths returned say where the files are.
         args["dest"] = os.path.abspath(args["dest"])
@@ -401,6 +462,9 @@ class ActionModule(ControllerAction):
         markdown = render_markdown(args["kind"] + (" (check mode: nothing changed)" if check else ""), stamp, rows,
                                    args["columns"], read_only, args.get("trigger"))
         document = {"kind": args["kind"], "time": stamp, "hosts": rows}
+        instances = [instance for row in rows for instance in row.get("instances") or []]
+        if instances:
+            document["instances"] = instances
         if args.get("trigger"):
             document["trigger"] = args.get("trigger")
         if check:

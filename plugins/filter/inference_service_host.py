@@ -43,7 +43,7 @@ def _facts(lines) -> tuple:
     return words, values
 
 
-def unit_refusals(unit: str, adopt: bool, words: set, values: dict) -> list:
+def unit_refusals(unit: str, adopt: bool, words: set, values: dict, declared=()) -> list:
     """Why the role may not write, stop or restart `unit` on this host ([] when it may)."""
     problems = []
     stem = unit[: -len(".service")] if unit.endswith(".service") else unit
@@ -68,10 +68,12 @@ def unit_refusals(unit: str, adopt: bool, words: set, values: dict) -> list:
     elif state == "absent" and "unit_loaded" in words:
         problems.append("inference_service_unit %s is loaded by systemd but has no file in /etc/systemd/system (a "
                         "runtime, transient or generated unit): not one this role wrote" % unit)
-    for other in values.get("managed_active", []):
+    # The host's other instances (inference_service_instances) are declared: their resets are scoped apart.
+    for other in [name for name in values.get("managed_active", []) if name not in declared]:
         problems.append("%s, a unit this role wrote earlier, still runs but the inventory now declares %s: a "
                         "reset would kill its GPU workers from under it; stop it first (systemctl disable --now "
-                        "%s), or declare it as inference_service_unit" % (other, unit, other))
+                        "%s), or declare it as inference_service_unit or in inference_service_instances"
+                        % (other, unit, other))
     return problems
 
 
@@ -92,7 +94,8 @@ def inference_service_host_problems(lines, settings):
         problems.append("inference_service_config_dir %s is not a directory that root owns and only root may "
                         "write: it would hold the secrets, and the role changes no existing directory"
                         % settings.get("config_dir"))
-    problems += unit_refusals(str(settings.get("unit", "")), bool(settings.get("adopt_unit")), words, values)
+    problems += unit_refusals(str(settings.get("unit", "")), bool(settings.get("adopt_unit")), words, values,
+                              [str(name) for name in settings.get("instance_units") or []])
     return problems
 
 

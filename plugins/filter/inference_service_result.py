@@ -114,7 +114,7 @@ def inference_service_report_row(result):
     problems = [] if serving or result.get("stage") in BEFORE_ANY_CHANGE else [
         "service %s: %s" % (status, result.get("reason") or "no details")]
     rate = result.get("acceptance_rate")
-    return {
+    row = {
         "host": result.get("host"), "ok": serving, "problems": problems, "service": dict(result),
         "service_engine": " ".join(str(part) for part in (result.get("engine"), result.get("engine_version")) if part),
         "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
@@ -122,6 +122,77 @@ def inference_service_report_row(result):
         "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),
         "service_status": status,
     }
+    if isinstance(result.get("instances"), list):
+        # Several servers on the host: one row each (fleet_report adds what the reset stopped and freed).
+        row["instances"] = [_instance_row(instance) for instance in result["instances"] if isinstance(instance, Mapping)]
+        row["ok"] = serving and all(instance["ok"] for instance in row["instances"])
+        if result.get("stage") not in BEFORE_ANY_CHANGE:
+            row["problems"] = ["%s: service %s: %s" % (instance["unit"], instance["service_status"],
+                                                       instance["reason"] or "no details")
+                               for instance in row["instances"] if not instance["ok"]]
+    return row
+
+
+def _instance_row(result: Mapping) -> dict:
+    """One instance's row: its unit, GPUs, service status, ready seconds and acceptance."""
+    rate = result.get("acceptance_rate")
+    return {"unit": result.get("unit"), "gpus": list(result.get("gpus") or []),
+            "ok": result.get("status") in SERVING and result.get("stage") not in BEFORE_ANY_CHANGE,
+            "service_status": result.get("status"), "reason": result.get("reason") or "",
+            "restarted": bool(result.get("restarted")), "reset": bool(result.get("reset")),
+            "main_pid": result.get("main_pid"),
+            "ready_s": result.get("ready_s"), "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
+            "acceptance_rate": rate, "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),
+            "service": dict(result)}
+
+
+# Worst first: what a host with several instances says of itself is its worst instance's word.
+SERVICE_RANK = {"failed": 0, "degraded": 1}
+VERDICT_RANK = {"unhealthy": 0, "slow": 1}
+
+
+def inference_service_host_result(results, host):
+    """A host's inference_service_result from its instances' (inference_service_instances, in their
+    order): the worst instance's result, with every instance's under `instances`. An instance
+    refused before anything was touched refuses the host: its stage, and one reason line per
+    refusal, each naming the instance's unit."""
+    if not isinstance(results, list) or not all(isinstance(result, Mapping) for result in results) or not results:
+        raise TypeError("inference_service_host_result expects the instances' results, a non-empty list of mappings")
+    refused = [result for result in results if result.get("stage") in BEFORE_ANY_CHANGE]
+    if refused:
+        stage = "unreachable" if any(result.get("stage") == "unreachable" for result in refused) else "validate"
+        reasons = ["%s: %s" % (result.get("unit"), line) for result in refused
+                   for line in str(result.get("reason") or "refused").splitlines() if line]
+        return {"host": host, "engine": refused[0].get("engine") or "", "unit": refused[0].get("unit") or "",
+                "status": "failed", "ok": False, "stage": stage, "changed": False, "reason": "\n".join(reasons),
+                "instances": [dict(result) for result in results]}
+    worst = min(enumerate(results), key=lambda item: (bool(item[1].get("ok")),
+                                                      SERVICE_RANK.get(item[1].get("status"), 2), item[0]))[1]
+    host_result = dict(worst)
+    host_result.update(host=host, ok=all(bool(result.get("ok")) for result in results),
+                       changed=any(bool(result.get("changed")) for result in results),
+                       restarted=any(bool(result.get("restarted")) for result in results),
+                       instances=[dict(result) for result in results])
+    if not host_result["ok"]:
+        host_result["reason"] = "\n".join("%s: %s" % (result.get("unit"), result.get("reason") or result.get("status"))
+                                          for result in results if not result.get("ok"))
+    return host_result
+
+
+def inference_service_host_assessment(assessments):
+    """A host's inference_service_assessment from its instances': healthy only when every instance
+    is, the worst verdict, and each instance's (unit, verdict, healthy, reason, main_pid, gpus)
+    under `instances`, which reset_and_serve.yml splits into the units to reset and those to spare."""
+    if not isinstance(assessments, list) or not all(isinstance(item, Mapping) for item in assessments) or not assessments:
+        raise TypeError("inference_service_host_assessment expects the instances' assessments, a non-empty list of "
+                        "mappings")
+    worst = min(assessments, key=lambda item: VERDICT_RANK.get(item.get("verdict"), 2))
+    healthy = all(str(item.get("healthy")).lower() == "true" for item in assessments)
+    return {"unit": worst.get("unit"), "verdict": worst.get("verdict"), "healthy": healthy,
+            "reason": "; ".join("%s %s (%s)" % (item.get("unit"), item.get("verdict"), item.get("reason"))
+                                for item in assessments),
+            "main_pid": worst.get("main_pid"),
+            "instances": [dict(item, healthy=str(item.get("healthy")).lower() == "true") for item in assessments]}
 
 
 class FilterModule:
@@ -129,4 +200,6 @@ class FilterModule:
 
     def filters(self):
         return {"inference_service_result": inference_service_result,
-                "inference_service_report_row": inference_service_report_row}
+                "inference_service_report_row": inference_service_report_row,
+                "inference_service_host_result": inference_service_host_result,
+                "inference_service_host_assessment": inference_service_host_assessment}

@@ -63,7 +63,9 @@ options:
         check mode), C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
-        C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run.'
+        C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run; for the
+        instances of a host with several servers, C(gpu_uuids) (UUID by index before the reset) and C(killed_gpus) (the
+        GPU indices each killed process held).'
       - 'In a read-only run (a verify run, or any run in check mode) each row also has C(would_stop), one
         C({pid, name, cmdline, reason}) per process a reset would stop, and C(mib_used) (MiB used per GPU index); the
         Markdown table titles its columns C(would stop), C(MiB used), C(shm would remove) and C(bytecode would remove),
@@ -77,6 +79,10 @@ options:
       - One dictionary per host, each with C(host). Its keys are added to the row of that host built from O(hosts)
         (a row of its own for another host). Every key is copied through to the JSON; C(problems) are appended and
         C(ok) is and-ed, so an added result can only make a host worse.
+      - A host with several servers adds C(instances), one dictionary per server with C(unit), C(gpus) and C(reset);
+        each gets C(host), C(stopped), C(killed) (the processes killed that held one of its GPUs) and C(mib_freed) (on
+        its GPUs), the JSON lists them all under C(instances), and the Markdown adds a table of them (C(would reset)
+        in a read-only run).
       - The Markdown table reads C(host), C(status), C(ok), C(killed), C(mib_freed), C(shm_bytes_freed),
         C(bytecode_removed), C(seconds) and C(problems), plus the keys of O(columns).
     type: list

@@ -190,6 +190,25 @@ def test_orphan_workers_keep_the_gpus_after_the_api_server_dies(node):
             (w["pid"], "SIGTERM") for w in workers), result
 
 
+def test_a_dead_api_closes_the_port_and_keeps_the_process_and_its_gpus(node):
+    """dead_api: ready once, then nothing answers while the server and its workers live on and
+    hold their GPUs (the unit stays active); SIGTERM still stops all of them."""
+    with engine(node, "vllm", ["--tensor-parallel-size", "2"], STANDIN_FAULT="dead_api",
+                STANDIN_SHM_DIR=node["tmp"]) as served:
+        workers = served.wait_ready()["workers"]
+        deadline = time.monotonic() + 30
+        while not served.refused():
+            assert time.monotonic() < deadline, "the port still answers"
+            time.sleep(0.05)
+        assert served.proc.poll() is None
+        assert all(procinfo.same_process(w["pid"], w["create_time"]) for w in workers)
+        assert {r["pid"] for r in node["nvml"].registrations()} == {w["pid"] for w in workers}
+        assert len(list(node["tmp"].glob("nccl-standin-*"))) == 2
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=60) == 0
+        assert procinfo.wait_gone(workers, 30) == []
+
+
 def test_a_device_file_that_cannot_be_mapped_stops_the_engine_like_cuda(node):
     """A node the worker cannot map (here a FIFO; on the fleet hosts it was /dev/null, 1:3) would
     leave a holder that gpu_reset takes for a client: the engine fails instead of serving."""

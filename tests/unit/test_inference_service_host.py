@@ -71,6 +71,13 @@ def test_an_older_unit_of_the_role_that_still_runs_is_refused_by_name():
     assert found[1].startswith("llama.service, a unit this role wrote earlier")
 
 
+def test_the_hosts_other_declared_instances_are_no_leftovers_but_an_undeclared_unit_still_is():
+    found = problems("unit_file=managed", "managed_active=vllm-a.service", "managed_active=vllm-old.service",
+                     unit="vllm-b.service", instance_units=["vllm-a.service", "vllm-b.service"])
+    assert len(found) == 1 and found[0].startswith("vllm-old.service, a unit this role wrote earlier"), found
+    assert "or in inference_service_instances" in found[0]
+
+
 def test_missing_executable_user_and_directory_are_each_one_sentence():
     found = inference_service_host_problems(["unit_file=absent"], dict(SETTINGS, user="svc"))
     assert len(found) == 3

@@ -1,6 +1,6 @@
 """Install the stand-in engine (tests/sim/engine) on a fleet host as /usr/local/bin/vllm and
 /usr/local/bin/sglang, with the role's flag data it parses its command line with, and a fake
-NVML state of the host's four GPUs for it to register memory in. Each engine also gets the
+NVML state of the host's GPUs for it to register memory in. Each engine also gets the
 package metadata pip would leave (a dist-info of its version in the host Python's
 dist-packages): the role asks the executable's Python for the installed version, and the
 stand-in takes its flag data by the same version.
@@ -14,13 +14,14 @@ import shutil
 from pathlib import Path
 
 from tests.fixtures.fake_nvml import FakeNvml
+from tests.integration.fleet.host import GPUS as HOST_GPUS
 from tests.sim.engine import DEFAULTS as STANDIN_ENGINES  # the engines the stand-in plays
 
 REPO = Path(__file__).resolve().parents[3]
 PARENT = "/opt/cleanslate"
 FLAGS = REPO / "roles" / "inference_service" / "files" / "flags"
 NVML_STATE = "/var/lib/fake-nvml"
-GPUS = 4  # /dev/nvidia0..3 (host.DEVICE_NAMES)
+GPUS = HOST_GPUS  # /dev/nvidia0..3 (host.DEVICE_NAMES), unless install() is told the host has more
 WRAPPER = """#!/usr/bin/python3
 # The cleanslate stand-in for `{engine} serve` (tests/sim/engine), installed by the fleet tests.
 import sys
@@ -48,8 +49,9 @@ def set_version(root: Path, engine: str, version: str) -> None:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (engine, version))
 
 
-def install(root: Path) -> dict:
-    """Install into the host whose root file system is `root`; returns the host-side paths."""
+def install(root: Path, gpus: int = GPUS) -> dict:
+    """Install into the host whose root file system is `root` (with `gpus` GPUs: its Host.gpus);
+    returns the host-side paths."""
     root = Path(root)
     flags = root / PARENT.lstrip("/") / "roles" / "inference_service" / "files" / "flags"
     if flags.exists():
@@ -62,7 +64,7 @@ def install(root: Path) -> dict:
         path.write_text(WRAPPER.format(engine=engine, parent=PARENT))
         path.chmod(0o755)
         set_version(root, engine, newest(engine))
-    FakeNvml(root / NVML_STATE.lstrip("/")).create(gpu_count=GPUS)
+    FakeNvml(root / NVML_STATE.lstrip("/")).create(gpu_count=gpus)
     return {"executables": ["/usr/local/bin/" + engine for engine in STANDIN_ENGINES], "nvml_state": NVML_STATE}
 
 

@@ -1,6 +1,7 @@
 """A fleet of Debian hosts with systemd as PID 1 and sshd, reachable from here over real SSH.
 
     fleet = Fleet(workdir, hosts=3, copy_in={"/opt/cleanslate/tests": REPO / "tests"})
+    # Fleet(..., gpus=8): each host gets /dev/nvidia0..7 (the default is 4)
     inventory = fleet.up()          # boots node1..node3, returns an Ansible inventory path
     fleet.run("node1", ["hostname"])
     fleet.poweroff("node2"); fleet.boot("node2")
@@ -27,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .cgroups import Cgroup, remove_empty_parents
-from .host import Host, HostError
+from .host import GPUS, Host, HostError
 from .image import ensure_nvml_wheel, ensure_rootfs
 from .network import Bridge
 
@@ -62,9 +63,10 @@ def missing_tools():
 
 
 class Fleet:
-    def __init__(self, workdir, hosts=3, copy_in=None, build_dir=BUILD_DIR, boot_timeout=90, slot=None):
+    def __init__(self, workdir, hosts=3, copy_in=None, build_dir=BUILD_DIR, boot_timeout=90, slot=None, gpus=GPUS):
         self.workdir = Path(workdir).resolve()
         self.count = hosts
+        self.gpus = gpus  # each host's simulated GPUs (/dev/nvidia0..)
         self.copy_in = dict(copy_in or {})
         self.build_dir = Path(build_dir)
         self.boot_timeout = boot_timeout
@@ -88,7 +90,7 @@ class Fleet:
             name = f"node{index}"
             self.hosts[name] = Host(name, index, vmid, self.bridge.address(index), self.bridge.prefixlen,
                                     self.bridge.gateway, self.workdir, Cgroup(f"{self.cgroup_top}/lxc/{vmid}"),
-                                    machine=f"f{slot}-{name}")
+                                    machine=f"f{slot}-{name}", gpus=self.gpus)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -23,7 +23,15 @@ REBOOT_STATUS = 133
 # CUDA context maps /dev/nvidiaN, it shows in /proc/PID/maps under its own path, which is what
 # gpu_reset takes for a GPU holder (1:3, /dev/null, cannot be mapped at all: its holders would
 # be clients, never stopped). nspawn's default device policy allows 1:5 like 1:3.
-DEVICE_NAMES = ("nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm")
+GPUS = 4  # a host's GPUs unless its fleet asks for more (a node with several servers: 8)
+
+
+def device_names(gpus: int = GPUS) -> tuple:
+    """The device files of a host with `gpus` GPUs: /dev/nvidia0.. and the two every CUDA process maps."""
+    return tuple(f"nvidia{index}" for index in range(gpus)) + ("nvidiactl", "nvidia-uvm")
+
+
+DEVICE_NAMES = device_names()
 INNER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -33,7 +41,7 @@ class HostError(RuntimeError):
 
 class Host:
     def __init__(self, name, index, vmid, address, prefixlen, gateway, workdir: Path, cgroup: Cgroup,
-                 machine=None):
+                 machine=None, gpus=GPUS):
         self.name = name
         # nspawn's name for it, unique on this machine: the outer veth end is vb-<machine>.
         self.machine = machine or name
@@ -45,6 +53,8 @@ class Host:
         self.dir = workdir / name
         self.cgroup = cgroup
         self.root = self.dir / "root"
+        self.gpus = gpus
+        self.device_names = device_names(gpus)
         self.console_log = self.dir / "console.log"
         # Bound at the same path inside: a file made there by the host has the same name on
         # this machine, as a Proxmox node's /dev/nvidia* are the container's (host-side sweep).
@@ -104,7 +114,7 @@ class Host:
                 shutil.rmtree(target)
             shutil.copytree(source, target, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "output", ".pytest_cache"))
-        for name in DEVICE_NAMES:
+        for name in self.device_names:
             node = self.dir / "dev" / name
             if not node.exists():
                 os.mknod(node, 0o666 | 0o020000, os.makedev(1, 5))
@@ -115,7 +125,7 @@ class Host:
         argv = ["systemd-nspawn", "--register=no", "--keep-unit", "--boot", "--quiet",
                 f"--directory={self.root}", f"--machine={self.machine}", f"--network-bridge={bridge}",
                 "--console=read-only"]
-        argv += [f"--bind={self.dir / 'dev' / name}:/dev/{name}" for name in DEVICE_NAMES]
+        argv += [f"--bind={self.dir / 'dev' / name}:/dev/{name}" for name in self.device_names]
         argv.append(f"--bind={self.shared}")
         return argv
 

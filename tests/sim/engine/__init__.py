@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -158,6 +159,13 @@ def main(engine: str, argv: list, env=None) -> int:
     if conf["fault"] == "orphan_workers":
         die("stand-in fault orphan_workers: the API server dies by SIGKILL, its workers stay")
         os.kill(os.getpid(), signal.SIGKILL)
+    if conf["fault"] == "dead_api":
+        # Only the listener goes: the process still stops on SIGTERM, its workers with it. The
+        # workers were forked with the bound socket: shut down, not only closed here, it refuses.
+        httpd.shutdown()
+        httpd.socket.shutdown(socket.SHUT_RDWR)
+        httpd.server_close()
+        log("ERROR stand-in fault dead_api: the API server stopped serving, its workers hold their GPUs")
     if conf["crash_after_s"] and not stop.wait(conf["crash_after_s"]):
         workers.stop()
         return die("RuntimeError: CUDA error: unspecified launch failure (stand-in crash %.1f s after ready)"

@@ -24,7 +24,9 @@
 
 Faults: ignore_sigterm (the server never stops on SIGTERM), crash_during_load (exits 1 half-way
 through loading), never_ready (loads forever), low_acceptance (accepts 15% of drafts),
-orphan_workers (once ready, the API server dies by SIGKILL and its GPU workers stay behind).
+orphan_workers (once ready, the API server dies by SIGKILL and its GPU workers stay behind),
+dead_api (once ready, the API server's listener dies and its port closes while the process and
+its GPU workers live on: the unit stays active, nothing answers, as a vLLM whose event loop died).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from .cli import DEFAULT_FLAGS_DIR
 
-FAULTS = ("ignore_sigterm", "crash_during_load", "never_ready", "low_acceptance", "orphan_workers")
+FAULTS = ("ignore_sigterm", "crash_during_load", "never_ready", "low_acceptance", "orphan_workers", "dead_api")
 LOW_ACCEPTANCE = 0.15
 
 
