@@ -30,7 +30,8 @@ ARGUMENT_SPEC = {
     "host": {"type": "str", "required": True},
     "state": {"type": "str", "default": "heal", "choices": ["heal", "closed"]},
     "alert": {"type": "raw", "default": {}},
-    "configured_unit": {"type": "str"},
+    # One unit per server of the host (inference_service_instances), or the single service's.
+    "configured_units": {"type": "list", "elements": "str"},
     "max_heals": {"type": "raw", "default": 3},
     "window_s": {"type": "raw", "default": 3600},
     "quiet_s": {"type": "raw", "default": 3600},
@@ -104,9 +105,9 @@ def target_problem(host, alert, trigger, configured) -> str:
     if named != host:
         return ("%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)"
                 % (host, "host %r" % (named,) if named not in (None, "") else "no host"))
-    if trigger.get("unit") and configured and trigger["unit"] != configured:
-        return ("%s: the alert %s is about %s, but the host serves %s (inference_service_unit): nothing is healed"
-                % (host, trigger.get("alertname") or "(no name)", trigger["unit"], configured))
+    if trigger.get("unit") and configured and trigger["unit"] not in configured:
+        return ("%s: the alert %s is about %s, but the host serves %s (inference_service_unit, inference_service_instances):"
+                " nothing is healed" % (host, trigger.get("alertname") or "(no name)", trigger["unit"], ", ".join(configured)))
     return ""
 
 
@@ -117,7 +118,9 @@ class ActionModule(ControllerAction):
         limits = check_args(args)
         path, host, now = args["path"], args["host"], time.time()
         trigger = trigger_of(args["alert"])
-        configured = args["configured_unit"] or load_spec("inference_service")["inference_service_unit"]["default"]
+        # A server without a unit of its own runs under the role's default unit.
+        default_unit = load_spec("inference_service")["inference_service_unit"]["default"]
+        configured = [unit or default_unit for unit in args["configured_units"] or [""]]
         refused = target_problem(host, args["alert"], trigger, configured) if args["state"] == "heal" else ""
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
         if refused:

@@ -57,11 +57,13 @@ options:
         C(alertname), C(unit)), C(fingerprint), C(startsAt) and C(meta.received_at) are read; anything else is ignored.
     type: raw
     default: {}
-  configured_unit:
+  configured_units:
     description:
-      - The unit the host is served with; when not given, the C(cleanslate.gpu.inference_service) role's default
-        C(inference_service_unit). An alert with another C(unit) label is refused.
-    type: str
+      - The units the host is served with, one per server (its C(inference_service_instances)' units, or its
+        C(inference_service_unit)); an empty entry, or none given, is the C(cleanslate.gpu.inference_service) role's
+        default C(inference_service_unit). An alert with another C(unit) label is refused.
+    type: list
+    elements: str
   max_heals:
     description: Heals of one host allowed within O(window_s); a whole number from 1 to 1000.
     type: raw

@@ -124,7 +124,16 @@ def test_an_alert_for_another_host_or_unit_heals_nothing(loop):
     proc = play_heal(loop, "-l", "node2", "-e", json.dumps({"ansible_eda": event}))
     assert proc.returncode != 0
     assert ("node2: the alert CleanslateGpuServerDown is about sshd.service, but the host serves "
-            "inference-server.service (inference_service_unit): nothing is healed") in proc.stdout, proc.stdout[-3000:]
+            "inference-server.service (inference_service_unit, inference_service_instances): nothing is healed") in proc.stdout, \
+        proc.stdout[-3000:]
+    # A host with several servers is served with each of their units (a server without a unit of
+    # its own with inference_service_unit); an alert about another unit is still refused.
+    servers = {"inference_service_unit": "vllm-c.service", "inference_service_instances": [
+        {"unit": "vllm-a.service", "port": 8001}, {"unit": "vllm-b.service", "port": 8002}, {"port": 8003}]}
+    proc = play_heal(loop, "-l", "node2", "-e", json.dumps(dict(servers, ansible_eda=event)))
+    assert proc.returncode != 0
+    assert ("is about sshd.service, but the host serves vllm-a.service, vllm-b.service, vllm-c.service "
+            "(inference_service_unit, inference_service_instances): nothing is healed") in proc.stdout, proc.stdout[-3000:]
     proc = play_heal(loop, "-l", "node1", "-e", json.dumps({"ansible_eda": event}))
     assert "node1: not healed, the alert names host 'node2'" in proc.stdout, proc.stdout[-3000:]
     assert state(loop) == before

@@ -145,7 +145,7 @@ def test_a_state_file_that_is_not_the_breakers_is_never_overwritten(tmp_path):
 
 def args(**changes):
     values = {"path": "/var/lib/cleanslate-gpu/heal_breaker.json", "host": "gpu1", "state": "heal", "alert": {},
-              "configured_unit": None, "max_heals": 3, "window_s": 3600, "quiet_s": 3600,
+              "configured_units": None, "max_heals": 3, "window_s": 3600, "quiet_s": 3600,
               "metrics_dir": "/var/lib/prometheus/node-exporter"}
     values.update(changes)
     return values
@@ -187,17 +187,24 @@ def test_an_alert_about_another_host_or_unit_is_refused():
     trigger = action.trigger_of(event)
     assert trigger == {"alertname": "CleanslateGpuServerDown", "unit": "other.service", "fingerprint": "f1",
                        "starts_at": "", "received_at": "t"}
-    problem = action.target_problem("gpu1", event, trigger, "inference-server.service")
-    assert "is about other.service, but the host serves inference-server.service" in problem
+    problem = action.target_problem("gpu1", event, trigger, ["inference-server.service"])
+    assert "is about other.service, but the host serves inference-server.service (" in problem
     ours = dict(trigger, unit="inference-server.service")
-    assert action.target_problem("gpu1", event, ours, "inference-server.service") == ""
-    assert action.target_problem("gpu1", event, dict(trigger, unit=""), "inference-server.service") == ""
+    assert action.target_problem("gpu1", event, ours, ["inference-server.service"]) == ""
+    assert action.target_problem("gpu1", event, dict(trigger, unit=""), ["inference-server.service"]) == ""
+    # A host with several servers: an alert about any of them may heal it, about none of them not,
+    # nor about a unit whose name only contains one of theirs.
+    served = ["vllm-a.service", "vllm-b.service"]
+    assert action.target_problem("gpu1", event, dict(trigger, unit="vllm-b.service"), served) == ""
+    for stranger in ("vllm-c.service", "vllm-a", "vllm-a.service.d", "vllm-a.service vllm-b.service"):
+        assert "but the host serves vllm-a.service, vllm-b.service" in \
+            action.target_problem("gpu1", event, dict(trigger, unit=stranger), served), stranger
     # Another host, no host, a host that differs by a space or a newline, no event at all.
     for other, named in (("gpu2", "host 'gpu1'"), ("gpu1 ", "host 'gpu1'")):
-        assert action.target_problem(other, event, ours, "x") == \
+        assert action.target_problem(other, event, ours, ["x"]) == \
             "%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)" % (other, named)
     for junk in ({}, "junk", {"labels": "x"}, {"labels": {"host": ""}}, {"labels": {"host": ["gpu1"]}}, None):
-        assert "gpu1: not healed, the alert names" in action.target_problem("gpu1", junk, action.trigger_of(junk), "x"), junk
+        assert "gpu1: not healed, the alert names" in action.target_problem("gpu1", junk, action.trigger_of(junk), ["x"]), junk
     assert action.trigger_of("junk") == {} and action.trigger_of({"labels": "x"})["alertname"] == ""
 
 
