@@ -100,7 +100,7 @@ def test_a_renamed_unit_never_kills_the_old_units_workers(served):
             "inference_service: on node3, inference-server.service, a unit this role wrote earlier, still runs but "
             "the inventory now declares llama-renamed.service: a reset would kill its GPU workers from under it; "
             "stop it first (systemctl disable --now inference-server.service), or declare it as "
-            "inference_service_unit"], row
+            "inference_service_unit or in inference_service_instances"], row
         assert workers(served, "node3") == server_pids
         assert served.get("node3", "/health")[0] == 200
         assert unit_file(served, "node3", "llama-renamed.service") == b""
