@@ -16,14 +16,14 @@ description:
     C(--config) file) with the texts given, and writes those that differ, each atomically (a temporary name in the
     same directory that ends in neither C(.service) nor C(.prom), synced, renamed over the old file). The role
     C(cleanslate.gpu.inference_service) renders the texts on the controller from its templates and calls this module
-    once: two C(ansible.builtin.template) tasks cost ten host contacts even when nothing changed.
-  - Every file is examined before any is written: a refusal leaves every file as it was.
+    once (two C(ansible.builtin.template) tasks cost ten host contacts even when nothing changed).
+  - Every file is examined before any is written, so a refusal leaves every file as it was.
   - The unit file is written only when it does not exist or its first line is O(unit.marker) (the role wrote it), or
-    with O(unit.adopt) (a file the role did not write, taken over: the old file is kept beside it as
+    with O(unit.adopt) (a file the role did not write, taken over; the old file is kept beside it as
     C(<unit>.<pid>.<date>~), which systemd never reads). A symbolic link, a directory or any other file that is not
     a regular file at O(unit.path) is refused (a masked unit is a link to C(/dev/null)). O(unit.content) must start
     with the marker line, so that the next run knows the file.
-  - A secret file is never written through a symbolic link: a link at its path is replaced by the file. A directory,
+  - A secret file is never written through a symbolic link; a link at its path is replaced by the file. A directory,
     FIFO, socket or device at its path is refused and never opened.
   - A file whose text is the same but whose mode, owner or group differ is written again, whole.
   - The secret files' texts are never returned, shown in a diff or logged (C(no_log)); RV(secret_files) says which
@@ -105,7 +105,7 @@ options:
         description: The file's group, a group name or number; unset, a new file gets the writer's and an existing one keeps its own.
         type: str
 notes:
-  - A file larger than 1 MiB is never read whole: it differs from the text given, and its diff says only its size.
+  - A file larger than 1 MiB is never read whole; it differs from the text given, and its diff says only its size.
 seealso:
   - module: ansible.builtin.template
     description: Renders one file per task, comparing it on the host in several contacts.

@@ -220,7 +220,7 @@ def test_a_fifo_swapped_in_after_the_look_never_blocks(dirs):
     thread = threading.Thread(target=swap, daemon=True)
     thread.start()
     try:
-        for _ in range(5):
+        for _round in range(5):
             result = run_module("inference_files", files(dirs), timeout=30)
             assert "rc" in result
     finally:
