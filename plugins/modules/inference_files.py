@@ -207,8 +207,9 @@ def _id(value, table, what, option):
         raise Refused("%s: there is no %s %r on this host" % (option, what, text)) from None
 
 
-def _checked(spec, option, content_required):
-    """The file's wanted state from its options: (path, content bytes or None, mode, uid, gid or -1)."""
+def _checked(spec, option, content_required, check_mode=False):
+    """The file's wanted state from its options: (path, content bytes or None, mode, uid, gid or -1).
+    In check mode a missing directory is no error: the role's task before this one would have made it."""
     path = spec["path"]
     if not path or not os.path.isabs(path) or "\n" in path or path.endswith("/"):
         raise Refused("%s.path must be an absolute file path on one line, got %r" % (option, path))
@@ -222,7 +223,7 @@ def _checked(spec, option, content_required):
             content = content.encode("utf-8")
         except UnicodeEncodeError:
             raise Refused("%s.content of %s is not text that UTF-8 can write" % (option, path)) from None
-    if not os.path.isdir(os.path.dirname(path)):
+    if not check_mode and not os.path.isdir(os.path.dirname(path)):
         raise Refused("%s: the directory of %s does not exist" % (option, path))
     uid = _id(spec.get("owner") or "root", pwd.getpwnam, "user", option + ".owner")
     gid = _id(spec["group"], grp.getgrnam, "group", option + ".group") if spec.get("group") else -1
@@ -271,9 +272,9 @@ def _action(found, data, content, mode, uid, gid) -> str:
     return "unchanged"
 
 
-def plan_unit(spec):
+def plan_unit(spec, check_mode=False):
     """What to do to the unit file: a dict with path, action, and what the write needs."""
-    path, content, mode, uid, gid = _checked(spec, "unit", True)
+    path, content, mode, uid, gid = _checked(spec, "unit", True, check_mode)
     marker = spec["marker"]
     if not marker or "\n" in marker:
         raise Refused("unit.marker must be one line of text, got %r" % marker)
@@ -298,11 +299,11 @@ def plan_unit(spec):
     return dict(path=path, action=action, before=before, content=content, mode=mode, uid=uid, gid=gid)
 
 
-def plan_secret(spec, index):
+def plan_secret(spec, index, check_mode=False):
     """What to do to one secret file (never keeping its text in what is returned)."""
     option = "secret_files[%d]" % index
     absent = spec["state"] == "absent"
-    path, content, mode, uid, gid = _checked(spec, option, not absent)
+    path, content, mode, uid, gid = _checked(spec, option, not absent, check_mode)
     found, data = _read(path)
     if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
         raise Refused("%s is %s, not a file this role wrote; it is left as it is" % (path, _kind(found)))
@@ -346,8 +347,8 @@ def main():
         supports_check_mode=True,
     )
     try:
-        unit = plan_unit(module.params["unit"])
-        secrets = [plan_secret(spec, index) for index, spec in enumerate(module.params["secret_files"])]
+        unit = plan_unit(module.params["unit"], module.check_mode)
+        secrets = [plan_secret(spec, index, module.check_mode) for index, spec in enumerate(module.params["secret_files"])]
         paths = [unit["path"]] + [plan["path"] for plan in secrets]
         if len(set(paths)) != len(paths):
             raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(

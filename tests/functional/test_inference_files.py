@@ -98,6 +98,20 @@ def test_check_mode_writes_nothing_and_diff_shows_the_unit_change(dirs):
     assert listing(config) == ["vllm.env"]
 
 
+def test_check_mode_on_a_first_run_before_the_secrets_directory_exists(dirs):
+    """--check on a new host: the role's directory task would make the directory, so the files
+    would be created; a real run without it is refused (the directory is never made here)."""
+    units, config = dirs
+    config.rmdir()
+    result = run_module("inference_files", files(dirs), check=True)
+    assert result["rc"] == 0 and result["changed"], result
+    assert [one["action"] for one in result["secret_files"]] == ["created", "absent"]
+    assert listing(units) == [] and not config.exists()
+    result = run_module("inference_files", files(dirs))
+    assert result["rc"] != 0 and "the directory of %s does not exist" % (config / "vllm.env") in result["msg"], result
+    assert listing(units) == [] and not config.exists()
+
+
 def test_a_foreign_unit_is_refused_and_nothing_is_written(dirs):
     """A hand-written unit of the same name: not the role's (no marker), so the whole run is
     refused, the secret files included, before anything is written."""
