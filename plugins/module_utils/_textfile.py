@@ -159,18 +159,23 @@ def remove_stale_temporaries(directory: str, filename: str, now=None) -> list:
     return sorted(removed)
 
 
-def write_atomically(directory: str, filename: str, text: str, mode: int) -> list:
-    """Write `text` to directory/filename through a temporary name that does not end in .prom
-    (the collector's pattern), synced before the rename and the directory synced after it.
-    First removes the temporaries a crashed earlier write left; returns their names."""
+def write_atomically(directory: str, filename: str, text, mode: int, uid: int = -1, gid: int = -1) -> list:
+    """Write `text` (str as UTF-8, or bytes) to directory/filename through a temporary name that
+    does not end in .prom (the collector's pattern) nor in .service (systemd's), owned by uid:gid
+    (-1: the writer's), synced before the rename and the directory synced after it. The rename
+    replaces a symbolic link at the name, never writes through it. First removes the temporaries
+    a crashed earlier write left; returns their names."""
     removed = remove_stale_temporaries(directory, filename)
     stat = read_stat(os.getpid())
     fd, temporary = tempfile.mkstemp(prefix=".%s.%d-%d." % (filename, os.getpid(), stat["starttime"] if stat else 0),
                                      suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
+            # Owner first: a chown clears the set-id bits a mode may carry.
+            if uid != -1 or gid != -1:
+                os.fchown(handle.fileno(), uid, gid)
             os.fchmod(handle.fileno(), mode)
-            handle.write(text.encode("utf-8"))
+            handle.write(text if isinstance(text, bytes) else text.encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
         os.rename(temporary, os.path.join(directory, filename))

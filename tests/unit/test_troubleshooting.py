@@ -30,7 +30,8 @@ RUNBOOK = REPO / "docs" / "troubleshooting.md"
 SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "plugins/filter/node_reset.py",
            "plugins/action/fleet_report.py", "plugins/modules/inference_ready.py", "plugins/action/inference_ready.py",
            "plugins/plugin_utils/_serve_command.py", "plugins/plugin_utils/_engine_flags.py",
-           "plugins/filter/inference_service.py", "plugins/plugin_utils/_heal_breaker.py")
+           "plugins/filter/inference_service.py", "plugins/plugin_utils/_heal_breaker.py",
+           "plugins/modules/inference_files.py")
 DOC_BLOCKS = ("DOCUMENTATION", "EXAMPLES", "RETURN")
 CONSTANT = re.compile(r"_(ACTION|NEEDED)$|^NOT_RUN$")
 INTERNAL_ERRORS = ("TypeError", "ValueError", "KeyError", "AssertionError")

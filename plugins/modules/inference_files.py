@@ -1,0 +1,385 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: inference_files
+short_description: Compare and write an inference server's unit file and its secret files in one host contact
+version_added: 0.2.0
+description:
+  - Compares the systemd unit file O(unit) and each of O(secret_files) (the unit's C(EnvironmentFile), SGLang's
+    C(--config) file) with the texts given, and writes those that differ, each atomically (a temporary name in the
+    same directory that ends in neither C(.service) nor C(.prom), synced, renamed over the old file). The role
+    C(cleanslate.gpu.inference_service) renders the texts on the controller from its templates and calls this module
+    once (two C(ansible.builtin.template) tasks cost ten host contacts even when nothing changed).
+  - Every file is examined before any is written, so a refusal leaves every file as it was.
+  - The unit file is written only when it does not exist or its first line is O(unit.marker) (the role wrote it), or
+    with O(unit.adopt) (a file the role did not write, taken over; the old file is kept beside it as
+    C(<unit>.<pid>.<date>~), which systemd never reads). A symbolic link, a directory or any other file that is not
+    a regular file at O(unit.path) is refused (a masked unit is a link to C(/dev/null)). O(unit.content) must start
+    with the marker line, so that the next run knows the file.
+  - A secret file is never written through a symbolic link; a link at its path is replaced by the file. A directory,
+    FIFO, socket or device at its path is refused and never opened.
+  - A file whose text is the same but whose mode, owner or group differ is written again, whole.
+  - The secret files' texts are never returned, shown in a diff or logged (C(no_log)); RV(secret_files) says which
+    changed.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - cleanslate.gpu.attributes
+attributes:
+  check_mode:
+    details:
+      - Nothing is written; RV(unit) and RV(secret_files) say what would be done and C(changed) whether anything would change.
+  diff_mode:
+    support: partial
+    details:
+      - The unit file's text before and after. The secret files are never shown.
+options:
+  unit:
+    description: The systemd unit file.
+    type: dict
+    required: true
+    suboptions:
+      path:
+        description: The unit file's absolute path, normally C(/etc/systemd/system/<unit>).
+        type: path
+        required: true
+      content:
+        description: The unit file's whole text, which starts with the O(unit.marker) line.
+        type: str
+        required: true
+      marker:
+        description:
+          - The first line of every unit file the caller writes. An existing file whose first line differs is refused
+            unless O(unit.adopt).
+        type: str
+        required: true
+      adopt:
+        description: Take over an existing unit file whose first line is not O(unit.marker), keeping the old file as a backup.
+        type: bool
+        default: false
+      mode:
+        description: The unit file's permissions, octal.
+        type: str
+        default: "0644"
+      owner:
+        description: The unit file's owner, a user name or number.
+        type: str
+        default: root
+      group:
+        description: The unit file's group, a group name or number.
+        type: str
+        default: root
+  secret_files:
+    description: The files that hold secrets, each written or removed.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file's absolute path. Its directory must exist.
+        type: path
+        required: true
+      state:
+        description: V(present) writes O(secret_files[].content); V(absent) removes the file (or a symbolic link at its path).
+        type: str
+        choices: [present, absent]
+        default: present
+      content:
+        description: The file's whole text, required with O(secret_files[].state=present). Never logged.
+        type: str
+      mode:
+        description: The file's permissions, octal.
+        type: str
+        default: "0600"
+      owner:
+        description: The file's owner, a user name or number.
+        type: str
+        default: root
+      group:
+        description: The file's group, a group name or number; unset, a new file gets the writer's and an existing one keeps its own.
+        type: str
+notes:
+  - A file larger than 1 MiB is never read whole; it differs from the text given, and its diff says only its size.
+seealso:
+  - module: ansible.builtin.template
+    description: Renders one file per task, comparing it on the host in several contacts.
+"""
+
+EXAMPLES = r"""
+- name: Write the unit, its environment file and its secrets, as the role inference_service does
+  cleanslate.gpu.inference_files:
+    unit:
+      path: /etc/systemd/system/vllm.service
+      content: "{{ lookup('ansible.builtin.template', 'unit.service.j2') }}"
+      marker: "# Managed by Ansible (cleanslate.gpu.inference_service); local changes are overwritten."
+    secret_files:
+      - path: /etc/cleanslate/inference/vllm.env
+        content: "{{ lookup('ansible.builtin.template', 'environment.j2') }}"
+      - path: /etc/cleanslate/inference/vllm.secrets.yaml
+        state: absent
+  register: written
+
+- name: Reload systemd when the unit file changed
+  ansible.builtin.systemd_service:
+    daemon_reload: true
+  when: written.unit.changed
+"""
+
+RETURN = r"""
+unit:
+  description: What was done to the unit file (or would be, in check mode).
+  returned: always
+  type: dict
+  contains:
+    path:
+      description: The unit file's path.
+      type: str
+      sample: /etc/systemd/system/vllm.service
+    action:
+      description:
+        - V(unchanged), V(created), V(updated) (its text), V(attributes) (its mode, owner or group only) or V(adopted) (a
+          file the role did not write, kept as RV(unit.backup)).
+      type: str
+      sample: updated
+    changed:
+      description: Whether the file changed (or would).
+      type: bool
+      sample: true
+    backup:
+      description: The adopted file's backup.
+      type: str
+      returned: when the unit was adopted, not in check mode
+      sample: /etc/systemd/system/vllm.service.4242.2026-12-02@04:40:00~
+secret_files:
+  description: What was done to each secret file, in the order given; never their texts.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file's path.
+      type: str
+      sample: /etc/cleanslate/inference/vllm.env
+    action:
+      description:
+        - V(unchanged), V(created), V(updated), V(attributes), V(replaced a symbolic link), V(removed), V(removed a symbolic
+          link) or V(absent) (nothing to remove).
+      type: str
+      sample: unchanged
+    changed:
+      description: Whether the file changed (or would).
+      type: bool
+      sample: false
+"""
+
+import grp
+import os
+import pwd
+import re
+import stat
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import write_atomically
+
+MODE = re.compile(r"0?[0-7]{3,4}\Z")
+# Bigger files are not read whole: none of the role's is near it.
+MAX_READ = 1 << 20
+
+
+class Refused(Exception):
+    """One sentence: why a file is not written; nothing was written."""
+
+
+def _id(value, table, what, option):
+    """A user or group name or number, as a number."""
+    text = str(value)
+    if text.isdigit():
+        return int(text)
+    try:
+        return table(text)[2]
+    except (KeyError, UnicodeEncodeError):
+        raise Refused("%s: there is no %s %r on this host" % (option, what, text)) from None
+
+
+def _checked(spec, option, content_required, check_mode=False):
+    """The file's wanted state from its options: (path, content bytes or None, mode, uid, gid or -1).
+    In check mode a missing directory is no error: the role's task before this one would have made it."""
+    path = spec["path"]
+    if not path or not os.path.isabs(path) or "\n" in path or path.endswith("/"):
+        raise Refused("%s.path must be an absolute file path on one line, got %r" % (option, path))
+    if not MODE.match(spec.get("mode") or ""):
+        raise Refused("%s.mode must be octal permissions such as 0600, got %r" % (option, spec.get("mode")))
+    content = spec.get("content")
+    if content_required and content is None:
+        raise Refused("%s.content is required for %s" % (option, path))
+    if content is not None:
+        try:
+            content = content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise Refused("%s.content of %s is not text that UTF-8 can write" % (option, path)) from None
+    if not check_mode and not os.path.isdir(os.path.dirname(path)):
+        raise Refused("%s: the directory of %s does not exist" % (option, path))
+    uid = _id(spec.get("owner") or "root", pwd.getpwnam, "user", option + ".owner")
+    gid = _id(spec["group"], grp.getgrnam, "group", option + ".group") if spec.get("group") else -1
+    return path, content, int(spec["mode"], 8), uid, gid
+
+
+def _read(path):
+    """(lstat, the file's first MAX_READ + 1 bytes), or (None, None) when absent. Only a regular file is
+    opened (O_NOFOLLOW, O_NONBLOCK: a FIFO swapped in after the lstat never blocks the read)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    if not stat.S_ISREG(found.st_mode):
+        return found, b""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (found.st_dev, found.st_ino) or not stat.S_ISREG(opened.st_mode):
+            raise Refused("%s changed while it was read; run again" % path)
+        data = os.read(fd, MAX_READ + 1)
+        chunk = data
+        while chunk and len(data) <= MAX_READ:
+            chunk = os.read(fd, MAX_READ + 1 - len(data))
+            data += chunk
+    finally:
+        os.close(fd)
+    return opened, data
+
+
+def _kind(found) -> str:
+    mode = found.st_mode
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _action(found, data, content, mode, uid, gid) -> str:
+    """How an existing regular file differs from the wanted one."""
+    if len(data) > MAX_READ or data != content:
+        return "updated"
+    if stat.S_IMODE(found.st_mode) != mode or found.st_uid != uid or (gid != -1 and found.st_gid != gid):
+        return "attributes"
+    return "unchanged"
+
+
+def plan_unit(spec, check_mode=False):
+    """What to do to the unit file: a dict with path, action, and what the write needs."""
+    path, content, mode, uid, gid = _checked(spec, "unit", True, check_mode)
+    marker = spec["marker"]
+    if not marker or "\n" in marker:
+        raise Refused("unit.marker must be one line of text, got %r" % marker)
+    if content.split(b"\n", 1)[0] != marker.encode("utf-8"):
+        raise Refused("unit.content for %s does not start with the unit.marker line: the next run could not tell "
+                      "that it wrote the file" % path)
+    found, data = _read(path)
+    if found is None:
+        return dict(path=path, action="created", before="", content=content, mode=mode, uid=uid, gid=gid)
+    if stat.S_ISLNK(found.st_mode):
+        raise Refused("%s is a symbolic link (to %s), not a unit file the role wrote: a masked unit or another "
+                      "unit's file; it is left as it is" % (path, os.readlink(path)))
+    if not stat.S_ISREG(found.st_mode):
+        raise Refused("%s is %s, not a unit file; it is left as it is" % (path, _kind(found)))
+    ours = data.split(b"\n", 1)[0] == marker.encode("utf-8")
+    if not ours and not spec["adopt"]:
+        raise Refused("%s exists and was not written by this role (its first line is not the marker): it is not "
+                      "overwritten; set inference_service_adopt_unit: true to take it over (the old file is kept "
+                      "as a backup beside it)" % path)
+    action = _action(found, data, content, mode, uid, gid) if ours else "adopted"
+    before = data.decode("utf-8", "backslashreplace") if len(data) <= MAX_READ else "(%d bytes, not shown)\n" % found.st_size
+    return dict(path=path, action=action, before=before, content=content, mode=mode, uid=uid, gid=gid)
+
+
+def plan_secret(spec, index, check_mode=False):
+    """What to do to one secret file (never keeping its text in what is returned)."""
+    option = "secret_files[%d]" % index
+    absent = spec["state"] == "absent"
+    path, content, mode, uid, gid = _checked(spec, option, not absent, check_mode)
+    found, data = _read(path)
+    if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
+        raise Refused("%s is %s, not a file this role wrote; it is left as it is" % (path, _kind(found)))
+    link = found is not None and stat.S_ISLNK(found.st_mode)
+    if absent:
+        action = "absent" if found is None else ("removed a symbolic link" if link else "removed")
+    elif found is None:
+        action = "created"
+    elif link:
+        action = "replaced a symbolic link"
+    else:
+        action = _action(found, data, content, mode, uid, gid)
+    return dict(path=path, action=action, content=content, mode=mode, uid=uid, gid=gid)
+
+
+def _apply(module, plan):
+    if plan["action"] in ("unchanged", "absent"):
+        return
+    if plan["action"].startswith("removed"):
+        os.unlink(plan["path"])
+        return
+    if plan["action"] == "adopted":
+        plan["backup"] = module.backup_local(plan["path"])
+    directory, name = os.path.split(plan["path"])
+    write_atomically(directory, name, plan["content"], plan["mode"], plan["uid"], plan["gid"])
+
+
+def main():
+    file_options = dict(path=dict(type="path", required=True), mode=dict(type="str"),
+                        owner=dict(type="str", default="root"), group=dict(type="str"))
+    module = AnsibleModule(
+        argument_spec=dict(
+            unit=dict(type="dict", required=True, options=dict(
+                file_options, content=dict(type="str", required=True), marker=dict(type="str", required=True),
+                adopt=dict(type="bool", default=False), mode=dict(type="str", default="0644"),
+                group=dict(type="str", default="root"))),
+            secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
+                file_options, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
+                state=dict(type="str", choices=["present", "absent"], default="present"))),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        unit = plan_unit(module.params["unit"], module.check_mode)
+        secrets = [plan_secret(spec, index, module.check_mode) for index, spec in enumerate(module.params["secret_files"])]
+        paths = [unit["path"]] + [plan["path"] for plan in secrets]
+        if len(set(paths)) != len(paths):
+            raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(
+                {path for path in paths if paths.count(path) > 1})))
+    except Refused as exc:
+        module.fail_json(msg=str(exc))
+    except OSError as exc:
+        module.fail_json(msg="cannot read %s: %s" % (exc.filename, exc.strerror or exc))
+    changed = [plan for plan in [unit] + secrets if plan["action"] not in ("unchanged", "absent")]
+    if not module.check_mode:
+        # The secrets first: a unit that names its EnvironmentFile finds it written.
+        for plan in secrets + [unit]:
+            try:
+                _apply(module, plan)
+            except OSError as exc:
+                module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc),
+                                 unit=_public(unit), secret_files=[_public(plan) for plan in secrets])
+    result = dict(changed=bool(changed), unit=_public(unit), secret_files=[_public(plan) for plan in secrets])
+    if module._diff:
+        result["diff"] = dict(before=unit["before"], after=unit["content"].decode("utf-8"),
+                              before_header=unit["path"], after_header=unit["path"])
+    module.exit_json(**result)
+
+
+def _public(plan) -> dict:
+    """What may be returned of a file's plan: never a secret file's text."""
+    public = dict(path=plan["path"], action=plan["action"], changed=plan["action"] not in ("unchanged", "absent"))
+    if plan.get("backup"):
+        public["backup"] = plan["backup"]
+    return public
+
+
+if __name__ == "__main__":
+    main()
