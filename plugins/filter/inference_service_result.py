@@ -58,6 +58,9 @@ def _gate(gate: Mapping) -> dict:
         "ready_monotonic": gate.get("ready_monotonic"), "first_completion_ms": gate.get("first_completion_ms"),
         "completion": gate.get("completion") or "", "acceptance_rate": speculation.get("acceptance_rate"),
         "mean_acceptance_length": speculation.get("mean_acceptance_length"), "main_pid": main_pid,
+        # What the stability window counted from: the gate's first answer, or the assessment's look
+        # at a server the run left running.
+        "stable_since": gate.get("stable_since"),
     }
 
 

@@ -163,9 +163,21 @@ options:
     description:
       - With O(unit), seconds after the server first answered at which the unit is read again, after the smoke test;
         a unit that died, restarted or is not active then fails the gate.
+      - A server this run did not start (O(started) false) that an earlier look saw answering (O(healthy_seen)), in
+        the invocation it still runs, has been answering since that look; the window counts from it.
     type: float
     default: 5
     version_added: 0.2.0
+  healthy_seen:
+    description:
+      - What an earlier look of this run (O(mode=probe)) saw - C(invocation_id), the unit's C(InvocationID), and
+        C(monotonic), RV(healthy_monotonic), the moment it answered healthy. Used only with O(unit), with O(started)
+        false, and while the unit still runs that invocation (systemd gives every start a new one); else ignored.
+      - Empty, the window counts from the gate's own first answer. C(reset_and_serve.yml) passes the assessment's,
+        so that a healthy neighbour it left running is not held O(stable_s) again.
+    type: dict
+    default: {}
+    version_added: 0.3.0
   journal_lines:
     description: How many of the unit's last journal lines a failure shows.
     type: int
@@ -273,6 +285,20 @@ ready_monotonic:
   returned: when the server is ready
   type: float
   sample: 18234.51
+healthy_monotonic:
+  description: The host's CLOCK_MONOTONIC, in seconds, when the look found the server healthy (O(mode=probe)).
+  returned: when a probe finds the server healthy
+  type: float
+  sample: 18230.02
+  version_added: 0.3.0
+stable_since:
+  description:
+    - What the stability window (O(stable_s)) counted from - V(first answer) (the gate's) or V(earlier look)
+      (O(healthy_seen), the same invocation answering earlier in the run).
+  returned: when the gate passed with O(unit)
+  type: str
+  sample: earlier look
+  version_added: 0.3.0
 ready_s:
   description: Seconds from the unit's start to readiness; only when O(started) and O(unit) are set.
   returned: when the server is ready
@@ -583,6 +609,7 @@ def look(module, params):
         if looks:
             time.sleep(params["poll_interval"])
         looks.append(probe(params, health_timeout(params)))
+        seen_at = time.monotonic()
     verdict, seen = looks[-1]
     if verdict == "slow" and looks[0][0] != "slow":
         verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
@@ -594,6 +621,8 @@ def look(module, params):
             if holder:
                 result["port_holder"] = holder
     healthy = verdict == "healthy"
+    if healthy:
+        result["healthy_monotonic"] = round(seen_at, 3)
     return dict(result, polls=len(looks), state="ready" if healthy else "unhealthy", healthy=healthy,
                 verdict=verdict, last_seen=seen)
 
@@ -767,10 +796,22 @@ def speculation(params):
     return result
 
 
-def stay(module, params, baseline, ready_at, result):
+def answering_since(params, state, ready_at):
+    """(since when the unit's invocation is known to answer, what that moment is): the gate's first
+    answer, or an earlier look's (healthy_seen) at the invocation the unit still runs, which this run
+    did not start. A restart makes a new InvocationID, so a match means no restart in between; a
+    moment after the gate's own answer (a clock from another boot, a made-up value) is not used."""
+    seen = params["healthy_seen"]
+    if (params["unit"] and not params["started"] and seen
+            and seen["invocation_id"] == state.get("InvocationID") and 0 <= seen["monotonic"] <= ready_at):
+        return seen["monotonic"], "earlier look"
+    return ready_at, "first answer"
+
+
+def stay(module, params, baseline, since, result):
     """The unit must still run the invocation that answered, stable_s after it first did: an
     engine that crashes under its first requests is not ready."""
-    time.sleep(max(0.0, ready_at + params["stable_s"] - time.monotonic()))
+    time.sleep(max(0.0, since + params["stable_s"] - time.monotonic()))
     state = unit_state(module, params["unit"])
     result["unit"] = state
     why = unstable(state, baseline)
@@ -803,6 +844,19 @@ def unit_after_failure(module, params, result):
                    if result["journal"] else "")
 
 
+def healthy_seen_problems(seen):
+    """Why healthy_seen is not an earlier look's record ({} or invocation_id and monotonic), as a list."""
+    if not seen:
+        return []
+    invocation, moment = seen.get("invocation_id"), seen.get("monotonic")
+    if set(seen) != {"invocation_id", "monotonic"} or not isinstance(invocation, str) or not re.fullmatch(
+            r"[0-9a-f]{32}", invocation) or isinstance(moment, bool) or not isinstance(moment, (int, float)) or not (
+            math.isfinite(moment) and moment >= 0):
+        return ["healthy_seen must be empty or an earlier look's record: invocation_id (32 hexadecimal digits) and "
+                "monotonic (a finite number of seconds, 0 or more), got %r" % (seen,)]
+    return []
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -829,6 +883,7 @@ def main():
             "journal_lines": {"type": "int", "default": 20},
             "wait": {"type": "float", "default": 0},
             "baseline": {"type": "dict", "default": {}},
+            "healthy_seen": {"type": "dict", "default": {}},
             "with_journal": {"type": "bool", "default": False},
             "validate_certs": {"type": "bool", "default": True},
             "ca_path": {"type": "str", "default": ""},
@@ -853,6 +908,7 @@ def main():
         # http.client encodes headers as Latin-1 and raised mid-probe, naming the character and its
         # place; no client could send such a key anyway.
         problems.append("api_key holds a character outside ASCII, which no HTTP Authorization header can carry")
+    problems.extend(healthy_seen_problems(params["healthy_seen"]))
     if problems:
         module.fail_json(msg=mask("; ".join(problems)))
     result = {"changed": False}
@@ -877,7 +933,8 @@ def main():
         if params["speculative"]:
             result["speculation"] = speculation(params)
         if params["unit"]:
-            stay(module, params, baseline, ready_at, result)
+            since, result["stable_since"] = answering_since(params, state, ready_at)
+            stay(module, params, baseline, since, result)
     except GateError as exc:
         result.update(exc.result)
         msg = str(exc)

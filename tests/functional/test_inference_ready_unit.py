@@ -4,6 +4,8 @@ counts on the port, the unit read again after the smoke test, and the journal of
 invocation on a failure."""
 from __future__ import annotations
 
+import time
+
 from tests.functional.fake_engines import fake_engine_process, serving
 from tests.functional.fake_systemd import INVOCATION, FakeSystemd, unit
 from tests.run_module import run_module
@@ -152,3 +154,69 @@ def test_a_server_that_stops_answering_after_readiness_is_not_ready(tmp_path):
     assert "stopped answering after it first did (/health accepted the connection but gave no answer within 0.5 s)" \
         in result["msg"], result["msg"]
     assert result["journal"] == JOURNAL
+
+
+def look_then_gate(tmp_path, name, units, gate_params, look_units=None):
+    """A probe (the assessment's look) then, 1 s later, a gate with stable_s 3 that is handed the
+    look's record: (the look, the gate, the monotonic time of the gate's last unit read)."""
+    looks = FakeSystemd(tmp_path / (name + "-look"), look_units or [unit(ControlGroup="/")], JOURNAL)
+    systemd = FakeSystemd(tmp_path / name, units, JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        look = gate(looks, port, mode="probe")
+        time.sleep(1)
+        seen = {"invocation_id": look["unit"]["InvocationID"], "monotonic": look["healthy_monotonic"]}
+        result = gate(systemd, port, stable_s=3, healthy_seen=seen, **gate_params)
+    return look, result, systemd.calls("systemctl")[-1]["monotonic"]
+
+
+def test_a_server_left_running_is_not_held_a_whole_window_again_after_the_look_that_saw_it_answer(tmp_path):
+    """Four servers on a node, one broken: each healthy neighbour's gate waited its own 5 s after
+    answering, though the assessment had seen the same invocation answer long before."""
+    look, result, last_read = look_then_gate(tmp_path, "left-running", [unit(ControlGroup="/")], {})
+    assert look["verdict"] == "healthy" and look["healthy_monotonic"] <= result["ready_monotonic"], look
+    assert result["rc"] == 0 and result["stable_since"] == "earlier look", result
+    # The window is 3 s from the look, which was 1 s before the gate's first answer.
+    assert look["healthy_monotonic"] + 3 <= last_read < result["ready_monotonic"] + 3, (look, result, last_read)
+
+
+def test_a_server_this_run_started_or_that_restarted_since_the_look_gets_its_whole_window(tmp_path):
+    # The look's moment says nothing about an invocation it did not see: one this run started, or one
+    # systemd started since (a crash and Restart=, or someone's restart).
+    for name, units, params in (("started", [unit(ControlGroup="/")], {"started": True}),
+                                ("restarted", [unit(ControlGroup="/", InvocationID="c" * 32, MainPID="5151")], {})):
+        dummy, result, last_read = look_then_gate(tmp_path, name, units, params)
+        assert result["rc"] == 0 and result["stable_since"] == "first answer", (name, result)
+        assert last_read >= result["ready_monotonic"] + 3, name
+
+
+def test_a_server_that_dies_after_answering_fails_even_when_the_look_saw_it_answer(tmp_path):
+    # The window may be over at the first answer; the unit is still read again after the smoke test.
+    died = unit(ControlGroup="/", ActiveState="failed", SubState="failed", Result="signal", ExecMainStatus="9")
+    dummy, result, dummy_read = look_then_gate(tmp_path, "died", [unit(ControlGroup="/"), died], {})
+    assert result["rc"] == 1 and result["msg"].startswith(
+        "unit gate-test.service died (failed, failed, result signal, exit status 9) after the server answered"), result
+
+
+def test_a_record_that_is_not_a_looks_is_refused_before_any_request(tmp_path):
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/")], JOURNAL)
+    bad = [{"invocation_id": INVOCATION}, {"invocation_id": INVOCATION, "monotonic": float("nan")},
+           {"invocation_id": INVOCATION, "monotonic": float("inf")}, {"invocation_id": INVOCATION, "monotonic": -1},
+           {"invocation_id": INVOCATION, "monotonic": True}, {"invocation_id": INVOCATION, "monotonic": "12"},
+           {"invocation_id": INVOCATION.upper(), "monotonic": 1}, {"invocation_id": "$(reboot)\n", "monotonic": 1},
+           {"invocation_id": INVOCATION, "monotonic": 1, "extra": "@/%"}]
+    for seen in bad:
+        result = gate(systemd, 1, healthy_seen=seen)
+        assert result["rc"] == 1 and result["msg"].startswith(
+            "healthy_seen must be empty or an earlier look's record: invocation_id (32 hexadecimal digits) and "
+            "monotonic (a finite number of seconds, 0 or more), got "), (seen, result)
+    assert systemd.calls("systemctl") == []
+
+
+def test_a_looks_moment_after_the_gates_answer_is_not_used(tmp_path):
+    # A clock from another boot (a reboot between the look and the gate would also change the
+    # invocation) or a made-up value: the window counts from the gate's own answer.
+    systemd = FakeSystemd(tmp_path, [unit(ControlGroup="/")], JOURNAL)
+    with fake_engine_process(serving()) as (port, dummy):
+        result = gate(systemd, port, stable_s=1, healthy_seen={"invocation_id": INVOCATION, "monotonic": 1e12})
+    assert result["rc"] == 0 and result["stable_since"] == "first answer", result
+    assert systemd.calls("systemctl")[-1]["monotonic"] >= result["ready_monotonic"] + 1

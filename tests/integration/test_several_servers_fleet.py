@@ -358,6 +358,8 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
         assert row["reset"] == row["restarted"] == (name in BROKEN), row
         assert row["main_pid"] == node.main_pid(name), row
         assert (row["ready_s"] is not None) == (name in BROKEN), row
+        # A neighbour left running is held no second stability window: the assessment saw it answer.
+        assert row["service"]["stable_since"] == ("first answer" if name in BROKEN else "earlier look"), row
     for name in HEALTHY:  # nothing stopped, killed or freed for a neighbour
         assert not rows[unit(name)]["stopped"] and rows[unit(name)]["killed"] == rows[unit(name)]["mib_freed"] == 0
     assert rows[unit("a")]["stopped"] and rows[unit("a")]["mib_freed"] > 0, rows[unit("a")]
@@ -380,7 +382,7 @@ def test_a_second_run_changes_nothing(node):
     assert {name: node.main_pid(name) for name in INSTANCES} == before
     rows = instance_rows(report)
     assert all(not row["reset"] and not row["restarted"] and row["service_status"] == "ready"
-               for row in rows.values()), rows
+               and row["service"]["stable_since"] == "earlier look" for row in rows.values()), rows
 
 
 def instance_rows(report) -> dict:
