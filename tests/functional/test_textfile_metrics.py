@@ -8,13 +8,13 @@ import platform
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.directory_events import DirectoryEvents
 from tests.run_module import run_module
 from tests.syscall_gate import SyscallGate
 
@@ -191,36 +191,31 @@ def test_non_finite_values_are_written_as_the_format_spells_them(tmp_path):
 
 
 def test_a_reader_never_sees_a_half_written_file(tmp_path):
-    """The collector's view: every *.prom file of the directory, read while the module rewrites
-    a 2 MB file again and again, is always whole (it parses, and ends with the last family)."""
-    steps = [{"labels": {"host": "n", "step": "s%06d" % i, "pad": "x" * 40}, "value": i} for i in range(20000)]
+    """The collector's view: node_exporter reads every name of the directory that ends in .prom,
+    hidden ones too. The kernel's record of every name the module made (inotify, read after each
+    write: complete whatever the machine's load, no race with a reader) shows that no name ending
+    in .prom but the file's own ever existed, and that the file's name only ever arrived by a
+    rename of a file already written and closed under another name, never written in place."""
+    steps = [{"labels": {"host": "n", "step": "s%06d" % i, "pad": "x" * 40}, "value": i} for i in range(2000)]
     big = [family("cleanslate_gpu_reset_step_seconds", steps),
            family("cleanslate_gpu_zz_end", [{"labels": {"run": "0"}, "value": 1}])]
-    seen, partial, stop = [0], [], threading.Event()
-
-    def collector():
-        while not stop.is_set():
-            # node_exporter reads every name that ends in .prom, hidden ones too.
-            for path in [entry for entry in tmp_path.iterdir() if entry.name.endswith(".prom")]:
-                try:
-                    text = path.read_text(encoding="utf-8")
-                except FileNotFoundError:  # renamed away since the listing
-                    continue
-                seen[0] += 1
-                if not text.endswith('"} 1\n') or "cleanslate_gpu_zz_end" not in text:
-                    partial.append(len(text))
-
-    reader = threading.Thread(target=collector)
-    reader.start()
-    try:
-        for run in range(1, 4):
-            big[-1]["samples"][0]["labels"]["run"] = str(run)
+    final = "cleanslate_gpu_t.prom"
+    with DirectoryEvents(tmp_path) as events:
+        for run in ("first", "again"):  # the file absent, then replaced
+            big[-1]["samples"][0]["labels"]["run"] = run
             assert write(tmp_path, big)["written"]
-    finally:
-        stop.set()
-        reader.join()
-    assert seen[0] > 0 and partial == []
-    assert len(list(text_string_to_metric_families((tmp_path / "cleanslate_gpu_t.prom").read_text()))) == 2
+            history = events.read()
+            assert [event for event in history if event.name.endswith(".prom") and event.name != final] == [], history
+            arrivals = [event for event in history if event.name == final]
+            assert [event.kind for event in arrivals] == ["moved_to"], history
+            (departure,) = [event for event in history if event.kind == "moved_from" and event.cookie == arrivals[0].cookie]
+            temporary = [event.kind for event in history if event.name == departure.name]
+            assert temporary[0] == "create" and temporary[-2:] == ["close_write", "moved_from"], history
+            written = list(text_string_to_metric_families((tmp_path / final).read_text(encoding="utf-8")))
+            assert [(fam.name, len(fam.samples)) for fam in written] == [
+                ("cleanslate_gpu_reset_step_seconds", 2000), ("cleanslate_gpu_zz_end", 1)]
+            assert written[-1].samples[0].labels == {"run": run}
+    assert sorted(entry.name for entry in tmp_path.iterdir()) == [final]
 
 
 def test_a_crash_before_the_rename_leaves_no_prom_file_and_the_old_one_whole(tmp_path):

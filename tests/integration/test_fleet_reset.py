@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, REPO
+from tests.integration.fleet.reports import clear_reports, newest_report, playbook_command, rows_by_host
 from tests.sim.role_vars import node_reset_vars
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
@@ -68,17 +69,13 @@ def crashed_fleet(fleet, tmp_path):
 
 def _playbook(fleet, tmp_path, playbook="reset.yml", limit="gpu_nodes", extra_inventory=None, extra=None):
     reports = tmp_path / "reports"
-    cmd = [ANSIBLE_PLAYBOOK, f"playbooks/{playbook}", "-i", str(fleet.inventory), "-l", limit,
-           "-e", f"fleet_report_path={reports}"]
-    if extra_inventory:
-        cmd += ["-i", str(extra_inventory)]
+    more = ["-i", str(extra_inventory)] if extra_inventory else []
     for key, value in (extra or {}).items():
-        cmd += ["-e", f"{key}={value}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=540, check=False)
-    report_files = sorted(reports.glob(f"{playbook[:-4]}-*.json"))
-    report = json.loads(report_files[-1].read_text()) if report_files else None
-    for old in reports.glob("*"):
-        old.unlink()
+        more += ["-e", f"{key}={value}"]
+    proc = subprocess.run(playbook_command(fleet, reports, limit, more, playbook=playbook),
+                          cwd=REPO, capture_output=True, text=True, timeout=540, check=False)
+    report = newest_report(reports, playbook[:-4])
+    clear_reports(reports)
     return proc, report
 
 
@@ -112,7 +109,7 @@ def test_reset_cleans_every_host_spares_bystanders_and_a_second_run_changes_noth
         for leftover in manifest["shm"]["leftovers"]:
             assert not Path(leftover).exists()
     assert "unit vllm.service does not exist: skipped" in proc.stdout
-    rows = {row["host"]: row for row in report["hosts"]}
+    rows = rows_by_host(report)
     assert sorted(rows) == list(HOSTS)
     for name, row in rows.items():
         assert row["status"] == "ok" and row["ok"], row
@@ -131,7 +128,7 @@ def test_a_powered_off_host_is_reported_unreachable_and_the_others_complete(flee
     fleet.poweroff("node3")
     proc, report = _playbook(fleet, tmp_path)
     assert proc.returncode == 4, proc.stdout[-6000:]  # 4: some hosts were unreachable
-    rows = {row["host"]: row for row in report["hosts"]}
+    rows = rows_by_host(report)
     assert rows["node3"]["status"] == "unreachable" and not rows["node3"]["ok"]
     for name in ("node1", "node2"):
         assert rows[name]["status"] == "ok", rows[name]
@@ -188,7 +185,7 @@ def test_limit_slices_run_side_by_side_and_their_reports_merge_into_one(fleet, c
     (report_file,) = merged.glob("reset-*.json")
     document = json.loads(report_file.read_text())
     assert document["merged_from"] == sorted(str(path) for path in tmp_path.glob("slice*/reset-*.json"))
-    rows = {row["host"]: row for row in document["hosts"]}
+    rows = rows_by_host(document)
     assert sorted(rows) == list(HOSTS)
     for name, row in rows.items():
         assert row["status"] == "ok" and row["killed"] == len(_targets(crashed_fleet[name])), row

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.conftest import HOST_NVML_LIB, REPO
+from tests.integration.conftest import HOST_NVML_LIB
 from tests.integration.fleet import engines
+from tests.integration.fleet.reports import play, rows_by_host
 
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 UNIT = "inference-server.service"
 HOSTS = ("node1", "node2", "node3")
 # Every character the EnvironmentFile must escape, and a % that systemd would expand.
@@ -96,21 +94,7 @@ class Served:
         self.write_vars()
         for name in force:
             del self.vars[name]["fleet_force_reset"]
-        reports = self.workdir / "reports"
-        for old in reports.glob("*"):
-            old.unlink()
-        cmd = [ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(self.fleet.inventory), "-l", limit,
-               "-e", f"fleet_report_path={reports}", *extra]
-        if check:
-            cmd += ["--check", "--diff"]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-        found = sorted(reports.glob("reset_and_serve-*.json"))
-        return proc, json.loads(found[-1].read_text()) if found else None
-
-    def rows(self, report) -> dict:
-        hosts = [row["host"] for row in report["hosts"]]
-        assert len(hosts) == len(set(hosts)), hosts  # one row per host
-        return {row["host"]: row for row in report["hosts"]}
+        return play(self.fleet, self.workdir / "reports", limit, extra, check)
 
     def show(self, name, *props) -> dict:
         out = self.fleet.run(name, ["systemctl", "show", *[f"--property={p}" for p in props], UNIT]).stdout
@@ -171,10 +155,6 @@ class Served:
         assert proc.returncode == 0, proc.stdout[-4000:]
 
 
-def report_rows(report) -> dict:
-    return {row["host"]: row for row in report["hosts"]}
-
-
 def recap(output: str) -> dict:
     return {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
             for m in re.finditer(r"^(\S+)\s+: (ok=.*)$", output, re.M)}
@@ -211,7 +191,7 @@ def served(fleet_session, tmp_path_factory):
 def test_reset_and_serve_brings_every_host_up_with_the_exact_command_line(served):
     proc, report = served.first
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    rows = served.rows(report)
+    rows = rows_by_host(report)
     assert sorted(rows) == list(HOSTS)
     for name in HOSTS:
         service = rows[name]["service"]
@@ -247,7 +227,7 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(served):
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert {name: recap(proc.stdout)[name]["changed"] for name in HOSTS} == {name: 0 for name in HOSTS}
     assert {name: served.main_pid(name) for name in HOSTS} == before
-    for name, row in served.rows(report).items():
+    for name, row in rows_by_host(report).items():
         assert row["service"]["status"] == "ready" and row["service"]["ready_s"] is None
         assert row["status"] == "ok" and row["killed"] == 0  # healthy: no reset
 
@@ -264,7 +244,7 @@ def test_a_variable_change_restarts_each_host_exactly_once(served):
             assert served.main_pid(name) not in (0, before[name])
             assert served.starts_since(name, since) == 1, name
             assert served.show(name, "NRestarts")["NRestarts"] == "0"
-            assert served.rows(report)[name]["service"]["status"] == "ready"
+            assert rows_by_host(report)[name]["service"]["status"] == "ready"
             argv = served.cmdline(name, served.main_pid(name))
             flag = "--max-model-len" if name != "node2" else "--context-length"
             assert argv[argv.index(flag) + 1] == "4096"
@@ -291,7 +271,7 @@ def test_a_bad_speculative_config_fails_before_the_running_server_is_touched(ser
         assert {name: served.main_pid(name) for name in HOSTS} == before
         assert served.get("node1", "/v1/models", API_KEY)[0] == 200
         assert "Stop the unit" not in proc.stdout  # node_reset never ran for them
-        rows = served.rows(report)
+        rows = rows_by_host(report)
         # Refused before any step: node_reset's `invalid`, with the key at fault, said once.
         assert rows["node1"]["status"] == "invalid" and rows["node1"]["service"]["status"] == "failed"
         assert rows["node1"]["killed"] == 0 and rows["node1"]["seconds_per_step"] == {}
@@ -321,7 +301,7 @@ def test_a_crash_during_load_fails_the_gate_at_once_with_the_journal(served):
         proc, report = served.play(limit="node2", force=["node2"])
         assert proc.returncode == 2, proc.stdout[-6000:]
         assert "CUDA error: an illegal memory access" in proc.stdout  # the journal line, in the failure
-        service = served.rows(report)["node2"]["service"]
+        service = rows_by_host(report)["node2"]["service"]
         assert service["status"] == "failed" and "died" in service["reason"]
         assert any("illegal memory access" in line for line in service["journal"])
     finally:
@@ -352,7 +332,7 @@ def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
         proc, report = served.play(limit="node2")
         assert proc.returncode == 0, proc.stdout[-6000:]
         assert re.search(r"clear a failed state and start limit\] \**\nchanged: \[node2\]", proc.stdout), proc.stdout[-6000:]
-        assert served.rows(report)["node2"]["service"]["status"] == "ready"
+        assert rows_by_host(report)["node2"]["service"]["status"] == "ready"
         assert served.show("node2", "ActiveState")["ActiveState"] == "active"
         assert served.get("node2", "/health")[0] == 200
     finally:
@@ -369,7 +349,7 @@ def test_a_server_that_never_gets_ready_fails_at_the_deadline_with_progress_line
         progress = re.findall(r"node3: waiting for http://127\.0\.0\.1:8000 \(unit inference-server\.service "
                               r"active/running.*last seen: connection refused", proc.stdout)
         assert len(progress) >= 2, proc.stdout[-4000:]
-        assert served.rows(report)["node3"]["service"]["status"] == "failed"
+        assert rows_by_host(report)["node3"]["service"]["status"] == "failed"
     finally:
         served.heal("node3")
 
@@ -410,7 +390,7 @@ def test_secrets_appear_nowhere(served, checked):
             logged = [line for line in journal.splitlines() if "server_args=ServerArgs(" in line]
             assert logged and all(repr(SGLANG_KEY) in line for line in logged), logged
             assert any("cannot drop that line (LogFilterPatterns= needs systemd 253)" in warning
-                       for warning in report_rows(report)["node2"]["service"]["warnings"])
+                       for warning in rows_by_host(report)["node2"]["service"]["warnings"])
             journal = "\n".join(line for line in journal.splitlines() if line not in logged)
         texts[f"{name} journal"] = journal
     for where, text in texts.items():
@@ -435,7 +415,7 @@ def test_check_mode_shows_the_diff_with_secrets_hidden_and_restarts_nothing(serv
     assert {name: served.main_pid(name) for name in HOSTS} == before
     assert "--max-num-seqs" not in served.cmdline("node1", before["node1"])
     # Check mode writes its report apart (reset_and_serve-check-*), marked as such, and prints the table.
-    assert report["check_mode"] is True and served.rows(report)["node1"]["status"] == "ok", report
+    assert report["check_mode"] is True and rows_by_host(report)["node1"]["status"] == "ok", report
     assert re.search(r"^\s+\"\| node1 \| ok \|.* \| vllm 0\.33\.0 \| - \| - \| - \| check \|", proc.stdout, re.M)
 
 
@@ -468,7 +448,7 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
         assert served.show("node3", "ActiveState")["ActiveState"] != "active"
         proc, report = served.play(limit="node3")
         assert proc.returncode == 0, proc.stdout[-6000:]
-        row = served.rows(report)["node3"]
+        row = rows_by_host(report)["node3"]
         assert row["service"]["status"] == "ready"
         assert row["mib_freed"] > 0 and row["shm_bytes_freed"] > 0, row
         # gpu_reset stopped exactly the orphans: the unit node_reset stops was already down, and the
@@ -491,7 +471,7 @@ def test_a_run_where_no_host_answers_still_writes_its_report(served):
     try:
         proc, report = served.play(limit="node3")
         assert proc.returncode == 4, proc.stdout[-6000:]
-        row = served.rows(report)["node3"]
+        row = rows_by_host(report)["node3"]
         assert row["status"] == "unreachable" and not row["ok"], row
         assert row["service"]["status"] == "failed" and row["service"]["stage"] == "unreachable", row
         assert len(row["problems"]) == 1 and row["problems"][0].startswith("unreachable: "), row
@@ -505,7 +485,7 @@ def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
     try:
         proc, report = served.play(limit="node1", force=["node1"])
         assert proc.returncode == 0, proc.stdout[-6000:]
-        service = served.rows(report)["node1"]["service"]
+        service = rows_by_host(report)["node1"]["service"]
         assert service["status"] == "degraded" and abs(service["acceptance_rate"] - 0.15) < 0.05
         assert "below inference_service_min_acceptance_rate 30%" in service["reason"]
         assert "[WARNING]: speculative decoding accepts 15% of drafted tokens" in proc.stdout + proc.stderr
@@ -514,7 +494,7 @@ def test_low_acceptance_is_reported_degraded_and_fails_when_asked(served):
         served.vars["node1"]["inference_service_fail_on_degraded"] = True
         proc, report = served.play(limit="node1")
         assert proc.returncode == 2, proc.stdout[-6000:]
-        assert served.rows(report)["node1"]["service"]["status"] == "degraded"
+        assert rows_by_host(report)["node1"]["service"]["status"] == "degraded"
         assert "node1: the server is degraded: speculative decoding accepts 15%" in proc.stdout
     finally:
         served.heal("node1")

@@ -10,7 +10,6 @@ Everything is asserted from outside: this machine's /proc and cgroups, the fleet
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ import yaml
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, HOST_TESTS, REPO, _fleet_prerequisites
 from tests.integration.fleet import Fleet, engines
 from tests.integration.fleet.pve import USER, PveNode, spawn_attached
+from tests.integration.fleet.reports import newest_report, rows_by_host
 from tests.integration.test_fleet_reset import _crash, _pids, _recap, _targets, _uncrash
 from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars
@@ -141,15 +141,10 @@ def _playbook(controller, inventory, playbook, pipelining=False):
     proc = _ansible(controller, [str(VENV_BIN / "ansible-playbook"), f"playbooks/{playbook}", "-i", str(inventory),
                                  "-l", "gpu_nodes", "-e", f"fleet_report_path={reports}"], pipelining)
     seconds = time.monotonic() - started
-    found = sorted(reports.glob(f"{playbook[:-4]}-*.json"))
-    report = json.loads(found[-1].read_text()) if found else None
+    report = newest_report(reports, playbook[:-4])
     shutil.rmtree(reports, ignore_errors=True)
     print(f"{playbook} pipelining={pipelining}: {seconds:.1f} s")
     return proc, report, seconds
-
-
-def _rows(report) -> dict:
-    return {row["host"]: row for row in report["hosts"]}
 
 
 # --- processes seen from the node --------------------------------------------------------------
@@ -270,7 +265,7 @@ def crashed_pair(fleet, node, controller):
 
 def _assert_reset_through_pct(proc, report, scene):
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    rows = _rows(report)
+    rows = rows_by_host(report)
     assert sorted(rows) == list(HOSTS)
     for name in HOSTS:
         crashed, row = scene[name], rows[name]
@@ -397,7 +392,7 @@ def test_crashed_containers_reset_side_by_side_through_pct_and_hidden_holders_ar
 
     proc, report, _seconds = _playbook(controller, inventory, "verify.yml")
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert {name: row["status"] for name, row in _rows(report).items()} == {name: "clean" for name in HOSTS}
+    assert {name: row["status"] for name, row in rows_by_host(report).items()} == {name: "clean" for name in HOSTS}
 
 
 def test_a_non_root_user_with_sudo_for_pct_resets_with_pipelining_on(fleet, node, controller, crashed_pair):
@@ -406,7 +401,7 @@ def test_a_non_root_user_with_sudo_for_pct_resets_with_pipelining_on(fleet, node
     _assert_reset_through_pct(proc, report, crashed_pair)
     proc, report, _seconds = _playbook(controller, inventory, "verify.yml", pipelining=True)
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert {name: row["status"] for name, row in _rows(report).items()} == {name: "clean" for name in HOSTS}
+    assert {name: row["status"] for name, row in rows_by_host(report).items()} == {name: "clean" for name in HOSTS}
 
 
 def test_the_first_check_of_a_container_waits_pve_sweep_after_and_the_check_after_the_sweep_the_timeout(
@@ -441,7 +436,7 @@ def test_a_container_whose_monitor_died_is_unreachable_through_pct_and_swept_fro
 
         proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset.yml")
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-        rows = _rows(report)
+        rows = rows_by_host(report)
         assert rows["node1"]["status"] == "ok", rows["node1"]
         assert rows["node2"]["status"] == "swept-unreachable" and rows["node2"]["ok"], rows["node2"]
         assert rows["node2"]["problems"][0].startswith("unreachable: "), rows["node2"]
@@ -500,7 +495,7 @@ def test_reset_and_serve_through_pct_serves_again_inside_each_container(fleet, n
                 **_serve_vars(scene[name].manifest)}))
         proc, report, _seconds = _playbook(controller, _inventory(fleet, node, controller), "reset_and_serve.yml")
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-        rows = _rows(report)
+        rows = rows_by_host(report)
         assert sorted(rows) == list(HOSTS)
         for name in HOSTS:
             row, crashed, host = rows[name], scene[name], fleet.hosts[name]

@@ -23,8 +23,9 @@ from typing import Callable, Optional
 
 import pytest
 
+from tests.integration.fleet.reports import REPO, clear_reports, newest_report, playbook_command
 from tests.integration.test_inference_service_fleet import (  # noqa: F401 pylint: disable=unused-import
-    ANSIBLE_PLAYBOOK, API_KEY, HF_TOKEN, HOSTS, REPO, SGLANG_KEY, SPEC_VLLM, UNIT, base_vars, served)
+    API_KEY, HF_TOKEN, HOSTS, SGLANG_KEY, SPEC_VLLM, UNIT, base_vars, served)
 from tests.integration.test_serve_safety_fleet import FOREIGN, main_pid
 
 pytestmark = [pytest.mark.fleet, pytest.mark.hostile]
@@ -669,11 +670,9 @@ def _background_play(served_fleet, limit, extra=()):
     """ansible-playbook in the background (the caller interferes with the gate meanwhile)."""
     served_fleet.write_vars()
     reports = served_fleet.workdir / "reports"
-    for old in reports.glob("*"):
-        old.unlink()
-    cmd = [ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(served_fleet.fleet.inventory), "-l", limit,
-           "-e", f"fleet_report_path={reports}", *extra]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clear_reports(reports)
+    return subprocess.Popen(playbook_command(served_fleet.fleet, reports, limit, extra), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _end_and_heal(served_fleet, popen) -> None:
@@ -687,8 +686,7 @@ def _end_and_heal(served_fleet, popen) -> None:
 
 def _finish(served_fleet, popen, timeout=300):
     out, dummy = popen.communicate(timeout=timeout)
-    found = sorted((served_fleet.workdir / "reports").glob("reset_and_serve-*.json"))
-    return out, popen.returncode, json.loads(found[-1].read_text()) if found else None
+    return out, popen.returncode, newest_report(served_fleet.workdir / "reports")
 
 
 def _wait(predicate, timeout, step=0.2):

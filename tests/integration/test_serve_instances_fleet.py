@@ -6,9 +6,6 @@ report's rows. The four-instance fleet test with a client loop is tests/integrat
 (issue 26's fleet part); this one proves the serve layer's own promises on the smallest host."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,10 +15,10 @@ import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS, REPO
 from tests.integration.fleet import Fleet, engines
+from tests.integration.fleet.reports import play
 
 pytestmark = pytest.mark.fleet
 
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 NAME = "node1"
 UNITS = {"a": "vllm-a.service", "b": "vllm-b.service"}
 PORTS = {"a": 8001, "b": 8002}
@@ -61,14 +58,7 @@ class Host:
     def play(self, check=False):
         (self.fleet.inventory.parent / "host_vars").mkdir(exist_ok=True)
         (self.fleet.inventory.parent / "host_vars" / f"{NAME}.yml").write_text(yaml.safe_dump(self.vars))
-        reports = self.workdir / "reports"
-        for old in reports.glob("*"):
-            old.unlink()
-        cmd = [ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(self.fleet.inventory), "-l", NAME,
-               "-e", f"fleet_report_path={reports}"] + (["--check", "--diff"] if check else [])
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-        found = sorted(reports.glob("reset_and_serve-*.json"))
-        return proc, json.loads(found[-1].read_text()) if found else None
+        return play(self.fleet, self.workdir / "reports", NAME, check=check)
 
     def main_pid(self, unit) -> int:
         return int(self.fleet.run(NAME, ["systemctl", "show", "--property=MainPID", "--value", unit]).stdout)

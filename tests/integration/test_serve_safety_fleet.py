@@ -12,6 +12,7 @@ import hashlib
 
 import pytest
 
+from tests.integration.fleet.reports import rows_by_host
 from tests.integration.test_inference_service_fleet import (  # noqa: F401 pylint: disable=unused-import
     HOSTS, UNIT, base_vars, recap, served)
 
@@ -70,7 +71,7 @@ def test_a_hand_written_unit_is_refused_before_anything_is_touched(served, billi
     served.vars["node3"]["inference_service_unit"] = BILLING
     proc, report = served.play(limit="node3")
     assert proc.returncode == 2, proc.stdout[-6000:]
-    row = served.rows(report)["node3"]
+    row = rows_by_host(report)["node3"]
     assert row["status"] == "invalid" and row["killed"] == 0, row
     problems = "\n".join(row["problems"])
     assert "/etc/systemd/system/billing.service exists and this role did not write it" in problems
@@ -94,7 +95,7 @@ def test_a_renamed_unit_never_kills_the_old_units_workers(served):
     try:
         proc, report = served.play(limit="node3")
         assert proc.returncode == 2, proc.stdout[-6000:]
-        row = served.rows(report)["node3"]
+        row = rows_by_host(report)["node3"]
         assert row["status"] == "invalid" and row["killed"] == 0, row
         assert row["problems"] == [
             "inference_service: on node3, inference-server.service, a unit this role wrote earlier, still runs but "
@@ -117,7 +118,7 @@ def test_system_units_are_always_refused(served):
     try:
         proc, report = served.play()
         assert proc.returncode == 2, proc.stdout[-6000:]
-        rows = served.rows(report)
+        rows = rows_by_host(report)
         for name, unit in (("node1", "ssh.service"), ("node2", "systemd-journald.service"),
                            ("node3", "dbus.service")):
             assert rows[name]["status"] == "invalid", rows[name]
@@ -139,7 +140,7 @@ def test_an_adopted_unit_is_backed_up_and_shown_in_the_diff(served, billing):
     assert hashlib.sha256(unit_file(served, "node3", BILLING)).hexdigest() == billing
     proc, report = served.play(limit="node3")
     assert proc.returncode == 0, proc.stdout[-6000:]
-    assert served.rows(report)["node3"]["service"]["status"] == "ready"
+    assert rows_by_host(report)["node3"]["service"]["status"] == "ready"
     kept = backups(served, "node3", BILLING)
     assert len(kept) == 1, kept
     root = fleet.hosts["node3"].root / "etc/systemd/system"
@@ -197,12 +198,12 @@ def test_a_slow_server_is_never_reset_and_slow_is_told_apart_from_refused(served
         since = float(fleet.run("node1", ["date", "+%s"]).stdout) - 1
         proc, report = served.play(limit="node1")
         assert proc.returncode == 0, proc.stdout[-6000:]
-        row = served.rows(report)["node1"]
+        row = rows_by_host(report)["node1"]
         assert row["killed"] == 0 and "no reset" in row.get("note", ""), row
         assert row["service"]["status"] == "ready"
         served.vars["node1"].update(inference_service_health_timeout=2, inference_service_ready_timeout=8)
         proc, report = served.play(limit="node1")
-        row = served.rows(report)["node1"]
+        row = rows_by_host(report)["node1"]
         assert row["killed"] == 0 and row["seconds_per_step"] == {}, row
         assert "slow" in row.get("note", "") and "refused" not in row.get("note", ""), row
         # Never reset, never restarted: the same process, no start in the journal.
@@ -235,7 +236,7 @@ def test_a_foreign_server_on_the_port_is_not_ready(served):
         served.wait_health("node3", timeout=30)
         proc, report = served.play(limit="node3")
         assert proc.returncode == 2, proc.stdout[-6000:]
-        service = served.rows(report)["node3"]["service"]
+        service = rows_by_host(report)["node3"]["service"]
         assert service["status"] == "failed", service
         assert f"port 8000 is held by pid {foreign}" in service["reason"], service["reason"]
         assert service["acceptance_rate"] is None  # none of the foreign server's figures
@@ -254,7 +255,7 @@ def test_a_server_that_dies_just_after_readiness_is_not_reported_ready(served):
     try:
         proc, report = served.play(limit="node3", force=["node3"])
         assert proc.returncode == 2, proc.stdout[-6000:]
-        service = served.rows(report)["node3"]["service"]
+        service = rows_by_host(report)["node3"]["service"]
         assert service["status"] == "failed", service
         assert "died" in service["reason"] or "restarted" in service["reason"], service["reason"]
         journal = "\n".join(service["journal"])

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -33,11 +31,11 @@ import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS, REPO, _fleet_prerequisites
 from tests.integration.fleet import Fleet, engines
+from tests.integration.fleet.reports import instance_rows, play
 from tests.integration.test_inference_service_fleet import recap
 
 pytestmark = pytest.mark.fleet
 
-ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 HOST = "node1"
 GPUS = 8
 MODEL = "sim/Llama-3.1-8B-Instruct"
@@ -134,18 +132,11 @@ class Node:
         (self.fleet.inventory.parent / "host_vars").mkdir(exist_ok=True)
         (self.fleet.inventory.parent / "host_vars" / f"{HOST}.yml").write_text(yaml.safe_dump(host_vars(names)))
         reports = self.workdir / "reports"
-        for old in reports.glob("*"):
-            old.unlink()
-        cmd = [ANSIBLE_PLAYBOOK, "playbooks/reset_and_serve.yml", "-i", str(self.fleet.inventory), "-l", HOST,
-               "-e", f"fleet_report_path={reports}", *extra]
-        if check:
-            cmd += ["--check", "--diff"]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+        proc, report = play(self.fleet, reports, HOST, extra, check)
         # Kept beside the fleet for whoever reads a failure: the output and the Markdown report.
         (self.workdir / ("last-check.log" if check else "last-run.log")).write_text(proc.stdout + proc.stderr)
-        found = sorted(reports.glob("reset_and_serve-*.json"))
         self.markdown = "".join(path.read_text() for path in reports.glob("*.md"))
-        return proc, json.loads(found[-1].read_text()) if found else None
+        return proc, report
 
     def show(self, name: str, prop: str) -> str:
         return self.run(["systemctl", "show", f"--property={prop}", "--value", unit(name)]).stdout.strip()
@@ -309,7 +300,7 @@ def test_check_diff_on_the_broken_node_says_per_instance_what_would_be_stopped_a
     owner = {pid: name for name in HEALTHY for pid in healthy[name]["procs"]}
     assert shown and set(shown) <= set(owner), (shown, owner)
     assert all(why == f"spared, in unit {unit(owner[pid])}" for pid, why in shown.items()), shown
-    rows = instance_rows(report)
+    rows = instance_rows(report, HOST)
     assert set(rows) == {unit(name) for name in INSTANCES}, rows
     for name in INSTANCES:
         assert rows[unit(name)]["reset"] == (name in BROKEN) and rows[unit(name)]["service_status"] == "check", rows
@@ -350,7 +341,7 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
         assert len(node.shm(name)) == 2, node.shm(name)
     # The report: one row per instance, the two broken ones reset and restarted, with the MainPID
     # systemd has now; the host ok, and what it freed was on the broken instances' GPUs only.
-    rows = instance_rows(report)
+    rows = instance_rows(report, HOST)
     assert set(rows) == {unit(name) for name in INSTANCES}, rows
     for name in INSTANCES:
         row = rows[unit(name)]
@@ -380,14 +371,6 @@ def test_a_second_run_changes_nothing(node):
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert recap(proc.stdout)[HOST]["changed"] == 0, proc.stdout[-6000:]
     assert {name: node.main_pid(name) for name in INSTANCES} == before
-    rows = instance_rows(report)
+    rows = instance_rows(report, HOST)
     assert all(not row["reset"] and not row["restarted"] and row["service_status"] == "ready"
                and row["service"]["stable_since"] == "earlier look" for row in rows.values()), rows
-
-
-def instance_rows(report) -> dict:
-    """The report's rows of this host's instances, by unit: one per instance."""
-    (row,) = [row for row in report["hosts"] if row["host"] == HOST]
-    units = [instance["unit"] for instance in row.get("instances", [])]
-    assert len(units) == len(set(units)), units  # one row per instance
-    return {instance["unit"]: instance for instance in row["instances"]}
