@@ -461,6 +461,32 @@ def test_a_crashed_server_holding_the_gpus_is_reset_and_served_again(served):
         fleet.run("node3", ["systemctl", "stop", "hand-started-vllm.service"], check=False)
 
 
+def test_a_server_whose_api_died_is_stopped_and_what_its_stop_freed_is_reported(served):
+    """The API server's listener died (dead_api) while the unit stays active and its TP workers hold
+    GPUs 0-1. node_reset reads the GPUs before it stops the unit (the assessment saw it active), so
+    the report counts what the stop freed, though gpu_reset finds no holder left."""
+    fleet = served.fleet
+    served.fault("node3", fault="dead_api")
+    try:
+        since = time.time()
+        fleet.run("node3", ["systemctl", "restart", UNIT])
+        deadline = time.monotonic() + 60
+        while "stand-in fault dead_api" not in fleet.run("node3", [
+                "journalctl", "--unit", UNIT, "--since", f"@{since:.0f}", "--output", "cat", "--no-pager"]).stdout:
+            assert time.monotonic() < deadline, "the stand-in's API never died"
+            time.sleep(0.2)
+    finally:
+        served.fault("node3")
+    crashed = served.main_pid("node3")
+    assert crashed and served.show("node3", "ActiveState")["ActiveState"] == "active"
+    proc, report = served.play(limit="node3")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    row = rows_by_host(report)["node3"]
+    assert row["service"]["status"] == "ready" and served.main_pid("node3") not in (0, crashed), row
+    assert row["killed"] == 0, row  # the unit's stop took its workers
+    assert {gpu for gpu, mib in row["mib_freed_per_gpu"].items() if mib > 0} == {"0", "1"}, row
+
+
 def test_a_run_where_no_host_answers_still_writes_its_report(served):
     """node3, the only host of the run, does not answer (SSH to a closed port): the validation's
     first connection fails, the host is recorded (not dropped), node_reset records it
