@@ -17,6 +17,10 @@ once so that the unit exists, then for each round:
             moment the stand-in began listening, both read from the host's CLOCK_MONOTONIC;
             it must stay within one poll interval
 
+The target, within 1.5x the ritual, is on "crash to serving again": the ritual ends at its first
+answer, and so did the run that issue 26's 9.5 s against 4.4 s timed ("crashed host to the first
+completion", before the stability window existed). The end of the run is shown without a target.
+
 Grace period 3 s for both. JSON: build/bench/inference_service.json (every round's figures and
 phases, their medians, the uptime load beside each round).
 
@@ -183,14 +187,17 @@ def main():
     phases = {name: statistics.median(one["phases"].get(name, 0.0) for one in rounds) for name in rounds[0]["phases"]}
     report = {"times_s": times, "median_s": med, "stable_s": args.stable_s, "fleet_boot": boot, "grace_period_s": GRACE, "poll_interval_s": POLL,
               "phases_median_s": phases, "rounds": rounds,
+              # The ritual ends at its first answer; so does the target's measure (issue 26's 1.5x, set
+              # against "crashed host to the first completion"). The run's end adds the stability
+              # window and the report, which the ritual has no counterpart of: shown, no target.
               "summary": [
-                  {"measure": "reset_and_serve: crash to the end of the run", "ours_s": med["ours"],
-                   "baseline": "ritual + manual start + curl loop", "baseline_s": med["ritual"],
-                   "ratio": med["ours"] / med["ritual"], "target": "<= 1.5x the ritual",
-                   "met": med["ours"] / med["ritual"] <= 1.5},
                   {"measure": "reset_and_serve: crash to serving again", "ours_s": med["ours_serving"],
                    "baseline": "ritual + manual start + curl loop", "baseline_s": med["ritual"],
-                   "ratio": med["ours_serving"] / med["ritual"], "target": None, "met": None},
+                   "ratio": med["ours_serving"] / med["ritual"], "target": "<= 1.5x the ritual",
+                   "met": med["ours_serving"] / med["ritual"] <= 1.5},
+                  {"measure": "reset_and_serve: crash to the end of the run", "ours_s": med["ours"],
+                   "baseline": "ritual + manual start + curl loop", "baseline_s": med["ritual"],
+                   "ratio": med["ours"] / med["ritual"], "target": None, "met": None},
                   {"measure": "readiness seen (engine ready to gate)", "ours_s": med["latency"],
                    "baseline": "one poll interval", "baseline_s": POLL, "ratio": med["latency"] / POLL,
                    "target": "<= %.1f s (every round)" % POLL, "met": max(times["latency"]) <= POLL},
