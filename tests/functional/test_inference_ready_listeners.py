@@ -5,11 +5,13 @@ the test closes their stdin: nothing is signalled."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from contextlib import contextmanager
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _listeners
+from ansible_collections.cleanslate.gpu.plugins.modules.inference_ready import port_problem
 
 # Listens on 127.0.0.1 (and ::1 when told), forks a child that keeps the socket, connects a
 # client socket to it (established, not listening), prints the ports and pids, waits for EOF.
@@ -71,3 +73,46 @@ def test_the_cgroup_path_of_v2_and_of_systemds_v1_hierarchy():
     assert _listeners.cgroup_path("12:memory:/x\n1:name=systemd:/system.slice/sglang.service\n") == \
         "/system.slice/sglang.service"
     assert _listeners.cgroup_path("") == ""
+
+
+# Listens on 127.0.0.1 as nobody and prints its port; ends at EOF on stdin.
+NOBODY_LISTENER = r"""
+import os, socket, sys
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(4)
+print(server.getsockname()[1], os.getpid(), flush=True)
+sys.stdin.read()
+"""
+# The gate's reading of the port, by a root process without CAP_SYS_PTRACE (a container's root, or a
+# confined one): another user's /proc/PID/fd is then refused (EACCES), not gone.
+READ_AS_CONFINED_ROOT = r"""
+import json, sys
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _listeners
+print(json.dumps(_listeners.listeners(int(sys.argv[1]))))
+"""
+
+
+def test_a_listener_whose_descriptors_may_not_be_read_is_named_unreadable_not_taken_for_gone():
+    """A reader may not look into another user's descriptors (EACCES): that process may hold the
+    port, so it is named, and the gate cannot prove the unit answers; skipping it as if it had
+    exited would let a foreign server pass unseen."""
+    listener = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
+                                 "-c", NOBODY_LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                cwd="/")
+    try:
+        port, pid = (int(word) for word in listener.stdout.readline().split())
+        read = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace,-dac_read_search,-dac_override", "--inh-caps=-all",
+                               sys.executable, "-c", READ_AS_CONFINED_ROOT, str(port)], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), check=True, timeout=60)
+        found = json.loads(read.stdout)
+        assert pid in found["unreadable"], found
+        assert found["sockets"] and all(holders == [] for holders in found["sockets"].values()), found
+        # What the gate says of it (the module's decision, from the same reading).
+        problem, holder = port_problem(port, "gate-test.service", "/system.slice/gate-test.service",
+                                                       found)
+        assert holder is None and problem.startswith("cannot prove that unit gate-test.service answers on port %d" % port)
+        assert str(pid) in problem, problem
+    finally:
+        listener.stdin.close()
+        listener.wait(timeout=30)
