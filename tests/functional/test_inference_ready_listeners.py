@@ -109,8 +109,7 @@ def test_a_listener_whose_descriptors_may_not_be_read_is_named_unreadable_not_ta
         assert pid in found["unreadable"], found
         assert found["sockets"] and all(holders == [] for holders in found["sockets"].values()), found
         # What the gate says of it (the module's decision, from the same reading).
-        problem, holder = port_problem(port, "gate-test.service", "/system.slice/gate-test.service",
-                                                       found)
+        problem, holder = port_problem(port, "gate-test.service", "/system.slice/gate-test.service", found)
         assert holder is None and problem.startswith("cannot prove that unit gate-test.service answers on port %d" % port)
         assert str(pid) in problem, problem
     finally:
