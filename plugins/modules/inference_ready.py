@@ -849,9 +849,9 @@ def healthy_seen_problems(seen):
     if not seen:
         return []
     invocation, moment = seen.get("invocation_id"), seen.get("monotonic")
-    if set(seen) != {"invocation_id", "monotonic"} or not isinstance(invocation, str) or not re.fullmatch(
-            r"[0-9a-f]{32}", invocation) or isinstance(moment, bool) or not isinstance(moment, (int, float)) or not (
-            math.isfinite(moment) and moment >= 0):
+    invocation_ok = isinstance(invocation, str) and INVOCATION_ID.fullmatch(invocation)
+    moment_ok = isinstance(moment, (int, float)) and not isinstance(moment, bool) and math.isfinite(moment) and moment >= 0
+    if set(seen) != {"invocation_id", "monotonic"} or not invocation_ok or not moment_ok:
         return ["healthy_seen must be empty or an earlier look's record: invocation_id (32 hexadecimal digits) and "
                 "monotonic (a finite number of seconds, 0 or more), got %r" % (seen,)]
     return []
