@@ -220,3 +220,16 @@ def test_a_looks_moment_after_the_gates_answer_is_not_used(tmp_path):
         result = gate(systemd, port, stable_s=1, healthy_seen={"invocation_id": INVOCATION, "monotonic": 1e12})
     assert result["rc"] == 0 and result["stable_since"] == "first answer", result
     assert systemd.calls("systemctl")[-1]["monotonic"] >= result["ready_monotonic"] + 1
+
+
+def test_a_look_at_a_slow_or_foreign_server_records_no_moment_for_the_window(tmp_path):
+    # Only a healthy answer from the unit's own process may start a neighbour's window early: a slow
+    # server, or another program answering on the port, gives the gate nothing to count from.
+    slow = FakeSystemd(tmp_path / "slow", [unit(ControlGroup="/")], JOURNAL)
+    foreign = FakeSystemd(tmp_path / "foreign", [unit(ControlGroup="/system.slice/gate-test.service")], JOURNAL)
+    with fake_engine_process({"/health": {"delay": 3}}) as (port, dummy):
+        looked_slow = gate(slow, port, mode="probe", health_timeout=0.5)
+    with fake_engine_process(serving()) as (port, dummy):
+        looked_foreign = gate(foreign, port, mode="probe")
+    assert looked_slow["verdict"] == "slow" and "healthy_monotonic" not in looked_slow, looked_slow
+    assert looked_foreign["verdict"] == "unhealthy" and "healthy_monotonic" not in looked_foreign, looked_foreign
