@@ -27,7 +27,7 @@ description:
     FIFO, socket or device at its path is refused and never opened.
   - A file whose text is the same but whose mode, owner or group differ is written again, whole.
   - The secret files' texts are never returned, shown in a diff or logged (C(no_log)); RV(secret_files) says which
-    changed.
+    changed. The module writes no C(Invoked with) line to the host's journal (its options hold the secrets).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -345,6 +345,12 @@ def main():
                 state=dict(type="str", choices=["present", "absent"], default="present"))),
         ),
         supports_check_mode=True,
+        # No "Invoked with ..." line in the host's journal: AnsibleModule logs secret_files as the str()
+        # of a list, where each content's newlines are escaped, so the no_log value is not found in it
+        # and every key would be readable by the adm and systemd-journal groups. no_log on secret_files
+        # instead would mask its paths, owners and modes in the result (every string of the list
+        # becomes a no_log value). The result is returned as before, contents masked.
+        no_log=True,
     )
     try:
         unit = plan_unit(module.params["unit"], module.check_mode)
