@@ -86,8 +86,9 @@ def _renamed(problem: str, where: str) -> str:
 
 
 def _secrets(item: Mapping, single: Mapping):
-    """The instance's secrets: its own, else the host's."""
-    return item.get("secrets", single.get(PREFIX + "secrets")) or {}
+    """The instance's secrets: its own, else the host's ({} when not a mapping: refused by type)."""
+    found = item.get("secrets", single.get(PREFIX + "secrets"))
+    return found if isinstance(found, Mapping) else {}
 
 
 def _instance(index: int, item, single: Mapping, count: int) -> tuple:
