@@ -40,9 +40,28 @@ NUMBERS = (
 
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-# The role's variables behind the flags it sets, to name in a sentence.
-FLAG_VARIABLES = {"--served-model-name": "inference_service_served_name", "--model-path": "inference_service_model",
-                  "--speculative-config": "inference_service_speculative", "--host": "inference_service_host"}
+# Shorter, a secret is guessed in a moment, turns up inside ordinary text (a one-character key is in
+# "8000" and in "serve"), and a sentence saying where it turned up would all but show it.
+SECRET_MIN_CHARS = 8
+# The operator's texts that others read besides the command line and the environment's values, and
+# where: a secret in one is refused before the first host contact (the host check's own command line
+# carries the unit, the config_dir, the executable and the user, and the module logs it).
+VISIBLE = (
+    ("inference_service_unit", "the unit's name is in its world-readable file's name, every journal line's "
+                               "identifier, the metrics and the report"),
+    ("inference_service_config_dir", "the directory is in the unit file, the command line and the output"),
+    ("inference_service_executable", "the executable is in the unit file and every user's ps"),
+    ("inference_service_venv", "the venv is in the unit file and every user's ps"),
+    ("inference_service_user", "the user's name is in the unit file and every user's ps"),
+    ("inference_service_served_name", "the served name is in the unit file, every user's ps, /v1/models, the "
+                                      "metrics and the report"),
+    ("inference_service_model", "the model is in the unit file, every user's ps and the report"),
+    ("inference_service_host", "the address is in the unit file, every user's ps and the report"),
+    ("inference_service_metrics_dir", "the directory is in the output"),
+)
+# Names that the unit file or the output show: the environment's variables, the secrets' own.
+VISIBLE_NAMES = (("inference_service_environment", "its variable names are in the unit file"),
+                 ("inference_service_secrets.environment", "its variable names are in the output"))
 
 
 def spec() -> dict:
@@ -72,15 +91,52 @@ def inference_service_problems(values):
                         % _role_spec.shown(metrics_dir))
         skip += ("inference_service_metrics_dir",)
     problems += _role_spec.spec_problems(spec(), values, skip=skip)
+    secrets = values.get("inference_service_secrets")
+    named = _secret_values(secrets if isinstance(secrets, Mapping) else {})
+    problems += short_secret_problems(named) + visible_secret_problems(values, named)
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
-    secrets = values.get("inference_service_secrets")
     return secret_masker(secrets if isinstance(secrets, Mapping) else {})(problems)
 
 
+def short_secret_problems(named: list) -> list:
+    """A sentence for each secret shorter than SECRET_MIN_CHARS: refused whole, never compared (a
+    sentence saying where a short one turned up would narrow it down)."""
+    return ["inference_service_secrets.%s is shorter than %d characters: it can be guessed, and it would turn up "
+            "inside ordinary text; use a longer secret." % (name, SECRET_MIN_CHARS)
+            for name, value in named if len(value) < SECRET_MIN_CHARS]
+
+
+def _compared(named: list) -> list:
+    """The secrets long enough to compare: [(name, its forms)]."""
+    return [(name, _forms(value)) for name, value in named if len(value) >= SECRET_MIN_CHARS]
+
+
+def visible_secret_problems(values: Mapping, named: list) -> list:
+    """Where a secret was pasted into a text of VISIBLE or a name of VISIBLE_NAMES: one sentence per
+    variable and secret, naming both and never any part of the value. `named`: [(name, value)] of
+    _secret_values."""
+    texts = [(variable, why, [values.get(variable)]) for variable, why in VISIBLE]
+    secrets = values.get("inference_service_secrets")
+    for variable, why in VISIBLE_NAMES:
+        holder = values.get(variable) if variable.count(".") == 0 else \
+            (secrets.get("environment") if isinstance(secrets, Mapping) else None)
+        texts.append((variable, why, list(holder) if isinstance(holder, Mapping) else []))
+    problems = []
+    for name, forms in _compared(named):
+        for variable, why, items in texts:
+            if any(isinstance(item, (str, int, float)) and any(form in str(item) for form in forms) for item in items):
+                problems.append("%s holds the value of inference_service_secrets.%s: %s, read by every user of the "
+                                "host; change the secret or %s." % (variable, name, why, variable))
+    return problems
+
+
 def secret_masker(secrets):
-    """A Masker of every value of the role's secrets mapping, in every form a program prints it."""
-    return Masker([value for dummy, value in _secret_values(secrets if isinstance(secrets, Mapping) else {})])
+    """A Masker of every value of the role's secrets mapping, in every form a program prints it. One
+    shorter than SECRET_MIN_CHARS is refused before anything runs, and not masked in that refusal:
+    it would turn every letter it matches in the sentences to stars."""
+    return Masker([value for dummy, value in _secret_values(secrets if isinstance(secrets, Mapping) else {})
+                   if len(value) >= SECRET_MIN_CHARS])
 
 
 def _secret_values(secrets: Mapping) -> list:
@@ -100,7 +156,7 @@ def _forms(value: str) -> set:
     return {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
 
 
-def _argument(argv: list, index: int, secrets: list) -> str:
+def _argument(argv: list, index: int, secrets: list, flag_variables: Mapping) -> str:
     """Which argument argv[index] is, in words that show no secret."""
     if index == 0:
         return "the executable (inference_service_executable or inference_service_venv)"
@@ -111,7 +167,9 @@ def _argument(argv: list, index: int, secrets: list) -> str:
     flag = option or (previous if previous.startswith("-") else None)
     if flag is None or any(form in flag for _name, value in secrets for form in _forms(value)):
         return "argument %d" % index
-    variable = FLAG_VARIABLES.get(flag, "inference_service_extra_args")
+    # The role's own flags by the variable that sets them (inference_args' flag_variables); any other
+    # came from the extra arguments.
+    variable = flag_variables.get(flag, "inference_service_extra_args")
     return "argument %d, the value of %s (%s)" % (index, flag, variable)
 
 
@@ -128,7 +186,8 @@ def inference_service_secret_problems(secrets, args):
     named = _secret_values(secrets)
     argv = [str(item) for item in args.get("argv") or []]
     environment = args.get("environment") if isinstance(args.get("environment"), Mapping) else {}
-    problems = []
+    flag_variables = args.get("flag_variables") if isinstance(args.get("flag_variables"), Mapping) else {}
+    problems = short_secret_problems(named)
     for name, value in named:
         if name in ("api_key", "admin_api_key") and not value.isascii():
             # An HTTP header carries no other text: no client could ever use the key.
@@ -137,12 +196,14 @@ def inference_service_secret_problems(secrets, args):
         if CONTROL.search(value):
             problems.append("inference_service_secrets.%s holds a control character, which would end its line in "
                             "the secrets file." % name)
+        if len(value) < SECRET_MIN_CHARS:
+            continue  # refused whole above
         forms = _forms(value)
         for index, item in enumerate(argv):
             if any(form in item for form in forms):
                 problems.append("inference_service_secrets.%s is in the command line (%s), which every user of the "
                                 "host reads in /proc and in the unit file: change the secret or that argument."
-                                % (name, _argument(argv, index, named)))
+                                % (name, _argument(argv, index, named, flag_variables)))
         for variable, text in sorted(environment.items()):
             if value in str(text):
                 problems.append("inference_service_environment.%s holds the value of inference_service_secrets.%s: "

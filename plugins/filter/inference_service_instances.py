@@ -18,7 +18,8 @@ import difflib
 import re
 from collections.abc import Mapping
 
-from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import inference_service_problems, spec
+from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
+    _secret_values, inference_service_problems, secret_masker, spec, visible_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import shown
 
 PREFIX = "inference_service_"
@@ -84,6 +85,12 @@ def _renamed(problem: str, where: str) -> str:
     return re.sub(r"\b%s(?!instances\b)([a-z_]+)" % PREFIX, lambda m: "%s.%s" % (where, m.group(1)), problem)
 
 
+def _secrets(item: Mapping, single: Mapping):
+    """The instance's secrets: its own, else the host's ({} when not a mapping: refused by type)."""
+    found = item.get("secrets", single.get(PREFIX + "secrets"))
+    return found if isinstance(found, Mapping) else {}
+
+
 def _instance(index: int, item, single: Mapping, count: int) -> tuple:
     """(resolved instance or None, problems) of one item."""
     where = "%s[%d]" % (VARIABLE, index)
@@ -91,7 +98,7 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
         return None, ["%s is %s: each instance must be a mapping of the role's variable names without the prefix "
                       "(unit, port, environment, ...)." % (where, shown(item))]
     unit = item.get("unit", single.get(PREFIX + "unit"))
-    if isinstance(unit, str) and unit and "\n" not in unit:
+    if isinstance(unit, str) and unit and "\n" not in unit and secret_masker(_secrets(item, single))(unit) == unit:
         where = "%s (%s)" % (where, unit)
     known = set(instance_keys())
     problems = [_unknown_key(where, key) for key in item if key not in known]
@@ -187,11 +194,36 @@ def inference_service_instances(variables):
     problems, resolved = [], []
     for index, item in enumerate(items):
         instance, found = _instance(index, item, single, len(items))
+        found += _neighbours_secrets(index, items, single)
         problems += found
         if instance is not None and not found:
             resolved.append((index, instance))
     problems += _clashes(resolved)
-    return {"instances": [] if problems else [instance for dummy, instance in resolved], "problems": problems}
+    # No sentence shows any instance's secret, whichever instance's text it was pasted into.
+    mask = secret_masker({"environment": {"%d.%s" % (index, name): value for index, item in enumerate(items)
+                                          if isinstance(item, Mapping)
+                                          for name, value in _secret_values(_secrets(item, single))}})
+    return {"instances": [] if problems else [instance for dummy, instance in resolved], "problems": mask(problems)}
+
+
+def _neighbours_secrets(index: int, items: list, single: Mapping) -> list:
+    """Where another instance's own secret was pasted into this instance's visible texts (its own
+    secrets and the host's are compared by the role's check)."""
+    item = items[index]
+    if not isinstance(item, Mapping):
+        return []
+    merged = dict(single)
+    merged.update({PREFIX + key: value for key, value in item.items() if key in set(instance_keys())})
+    problems = []
+    for other, neighbour in enumerate(items):
+        if other == index or not isinstance(neighbour, Mapping) or not isinstance(neighbour.get("secrets"), Mapping) \
+                or neighbour.get("secrets") == _secrets(item, single):
+            continue
+        named = [(name, value) for name, value in _secret_values(neighbour["secrets"])]
+        problems += [_renamed(problem, "%s[%d]" % (VARIABLE, index)).replace(
+            "%s[%d].secrets." % (VARIABLE, index), "%s[%d].secrets." % (VARIABLE, other))
+            for problem in visible_secret_problems(merged, named)]
+    return problems
 
 
 class FilterModule:

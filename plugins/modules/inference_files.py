@@ -27,7 +27,7 @@ description:
     FIFO, socket or device at its path is refused and never opened.
   - A file whose text is the same but whose mode, owner or group differ is written again, whole.
   - The secret files' texts are never returned, shown in a diff or logged (C(no_log)); RV(secret_files) says which
-    changed.
+    changed. The C(Invoked with) line in the host's journal names the files, never their texts.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -319,6 +319,22 @@ def plan_secret(spec, index, check_mode=False):
     return dict(path=path, action=action, content=content, mode=mode, uid=uid, gid=gid)
 
 
+class _Module(AnsibleModule):
+    """AnsibleModule whose "Invoked with" line in the host's journal holds no file's text.
+
+    AnsibleModule logs secret_files as the str() of the list, in which each content's newlines are
+    escaped: the no_log value is then not found in it, and every key was readable by the groups adm
+    and systemd-journal. Neither of its own switches fits: the constructor's no_log is overridden
+    by the task's (_ansible_no_log), and no_log on secret_files makes every string of the list a
+    no_log value, so its paths, "root" and "0600" would be masked in the result and the unit's diff.
+    """
+
+    def _log_invocation(self):
+        unit = {key: value for key, value in self.params["unit"].items() if key != "content"}
+        files = [{key: value for key, value in spec.items() if key != "content"} for spec in self.params["secret_files"]]
+        self.log("Invoked with unit=%s secret_files=%s (the texts not logged)" % (unit, files))
+
+
 def _apply(module, plan):
     if plan["action"] in ("unchanged", "absent"):
         return
@@ -334,7 +350,7 @@ def _apply(module, plan):
 def main():
     file_options = dict(path=dict(type="path", required=True), mode=dict(type="str"),
                         owner=dict(type="str", default="root"), group=dict(type="str"))
-    module = AnsibleModule(
+    module = _Module(
         argument_spec=dict(
             unit=dict(type="dict", required=True, options=dict(
                 file_options, content=dict(type="str", required=True), marker=dict(type="str", required=True),

@@ -593,9 +593,7 @@ class _Builder:
                 self.problem("%s is %d bytes long: the kernel refuses an environment string of %d bytes or more "
                              "(MAX_ARG_STRLEN)" % (label, _bytes(value), ARGUMENT_MAX_BYTES))
                 continue
-            if name in ("VLLM_PORT", "VLLM_HOST_IP"):
-                self.problem("%s: %s is vLLM's address for its own internal communication, not the API's; "
-                             "set %s and %s" % (where, name, _var("port"), _var("host")))
+            if self.refused_name(where, name):
                 continue
             if SECRET_NAME.search(name):
                 self.problem("%s looks like a secret: the unit file is readable by every user, so put it in "
@@ -615,6 +613,21 @@ class _Builder:
                                      "as nvidia-smi does" % (where, out["CUDA_DEVICE_ORDER"]))
         return out
 
+    def refused_name(self, where: str, name: str) -> bool:
+        """A variable that neither environment may set (the plain one or the secrets'): its problem
+        said, True."""
+        if name in ("VLLM_PORT", "VLLM_HOST_IP"):
+            self.problem("%s: %s is vLLM's address for its own internal communication, not the API's; "
+                         "set %s and %s" % (where, name, _var("port"), _var("host")))
+            return True
+        return False
+
+    def flag_variables(self) -> dict:
+        """{flag: the variable that sets it} of the role's own flags, every spelling, for a sentence
+        to name the variable to change."""
+        return {flag: variable for dest, variable in self.owned.items() if self.flags.by_dest(dest)
+                for flag in self.flags.by_dest(dest)["flags"]}
+
     def secret_environment(self, plain: dict) -> dict:
         """{variable: secret} for the unit's 0600 EnvironmentFile."""
         where = _var("secrets")
@@ -630,6 +643,8 @@ class _Builder:
         for name in secrets.get("environment", []):
             if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
                 self.problem("%s.environment: %s is not an environment variable name" % (where, _shown(name)))
+            elif self.refused_name(where + ".environment", name):
+                pass
             elif name in plain:
                 self.problem("%s.environment.%s is also in %s" % (where, name, _var("environment")))
             elif name in env:
@@ -729,5 +744,6 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         "served_name": settings["served_name"] or settings["model"],
         "timeout_stop_sec": settings["drain_timeout"] + STOP_MARGIN_S,
         "speculative": dict({"enabled": bool(spec), "method": spec.get(method_key)}, **builder.running),
+        "flag_variables": builder.flag_variables(),
         "warnings": builder.warnings,
     }

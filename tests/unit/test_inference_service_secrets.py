@@ -31,9 +31,9 @@ def _values(secrets):
 
 def test_a_quote_in_a_secret_no_longer_hides_it_from_the_check():
     """sk'X is shell-quoted 'sk'"'"'X' in command_line: the old check searched that text."""
-    built = build(served_name="sk'X")
-    assert "sk'X" not in built["command_line"]
-    assert problems({"api_key": "sk'X"}, served_name="sk'X") == [
+    built = build(served_name="sk'X-live-1")
+    assert "sk'X-live-1" not in built["command_line"]
+    assert problems({"api_key": "sk'X-live-1"}, served_name="sk'X-live-1") == [
         "inference_service_secrets.api_key is in the command line (argument 4, the value of --served-model-name "
         "(inference_service_served_name)), which every user of the host reads in /proc and in the unit file: "
         "change the secret or that argument."]
@@ -42,6 +42,7 @@ def test_a_quote_in_a_secret_no_longer_hides_it_from_the_check():
 @pytest.mark.parametrize("secret", ["sk$HOME", "sk%i", "sk\\n", 'sk"X', "sk`id`", "sk;rm", "clé-ü-ключ", "sk X",
                                     "sk@host/path", "-sk", "sk=1", "sk'\"\\$%"])
 def test_a_secret_inside_an_argument_is_found_whatever_it_holds(secret):
+    secret += "-live-key"  # a secret is 8 characters or more
     found = problems({"hf_token": secret}, extra_args=["--chat-template", "before " + secret + " after"])
     assert len(found) == 1
     assert found[0].startswith("inference_service_secrets.hf_token is in the command line (argument ")
@@ -55,6 +56,7 @@ def test_a_secret_equal_to_a_whole_argument_is_found():
 
 @pytest.mark.parametrize("secret", ['ab"cd', "ab\\cd", "ключ-42", "emoji-\U0001F511", "tab\\tnot"])
 def test_a_secret_in_the_speculative_config_is_found_as_json_escapes_it(secret):
+    secret += "-live-key"
     spec = dict(EAGLE3, model="org/draft-" + secret)
     argv = build(speculative=spec)["argv"]
     assert any(json.dumps(secret)[1:-1] in item for item in argv)  # escaped there, not raw
@@ -63,19 +65,20 @@ def test_a_secret_in_the_speculative_config_is_found_as_json_escapes_it(secret):
 
 
 def test_a_secret_in_the_model_is_named_as_the_model():
-    found = problems({"api_key": "tok42"}, model="org/tok42-model")
+    found = problems({"api_key": "tok42-live"}, model="org/tok42-live-model")
     assert "argument 2, the model (inference_service_model)" in found[0]
-    found = problems({"api_key": "tok42"}, model="org/tok42-model", engine="sglang", unit="sglang.service")
+    found = problems({"api_key": "tok42-live"}, model="org/tok42-live-model", engine="sglang", unit="sglang.service")
     assert "the value of --model-path (inference_service_model)" in found[0]
 
 
 def test_a_secret_in_the_executable_path_is_named_as_the_executable():
-    found = problems({"hf_token": "tok42"}, venv="/opt/tok42")
+    found = problems({"hf_token": "tok42-live"}, venv="/opt/tok42-live")
     assert "(the executable (inference_service_executable or inference_service_venv))" in found[0]
 
 
 def test_a_secret_in_an_option_name_is_named_by_position_only():
-    found = inference_service_secret_problems({"api_key": "xyz"}, {"argv": ["/bin/vllm", "serve", "m", "--xyz", "xyz-2", "--a=xyz"]})
+    found = inference_service_secret_problems({"api_key": "xyz-live"}, {"argv": [
+        "/bin/vllm", "serve", "m", "--xyz-live", "xyz-live-2", "--a=xyz-live"]})
     assert ["(argument 3)" in found[0], "(argument 4)" in found[1], "(argument 5, the value of --a (" in found[2]] \
         == [True, True, True]
     assert not any("--xyz" in sentence for sentence in found)
@@ -90,25 +93,26 @@ def test_a_declared_secret_in_a_plain_environment_value_is_refused_by_the_variab
 
 
 def test_a_secret_environment_value_in_the_command_line_is_named_by_its_variable():
-    found = problems({"environment": {"WANDB_API_KEY": "wandb-123"}},
-                     secrets_set={"environment": ["WANDB_API_KEY"]}, extra_args=["--chat-template", "x wandb-123"])
+    found = problems({"environment": {"WANDB_API_KEY": "wandb-12345"}},
+                     secrets_set={"environment": ["WANDB_API_KEY"]}, extra_args=["--chat-template", "x wandb-12345"])
     assert len(found) == 1 and found[0].startswith("inference_service_secrets.environment.WANDB_API_KEY is in")
 
 
-@pytest.mark.parametrize("secret", ["sk\nX", "sk\rX", "sk\x00X", "sk\x1bX", "sk\x7fX", "\t"])
+@pytest.mark.parametrize("secret", ["sk-live\nX", "sk-live\rX", "sk-live\x00X", "sk-live\x1bX", "sk-live\x7fX",
+                                    "\t-0123456"])
 def test_a_secret_holding_a_control_character_is_refused(secret):
     assert problems({"api_key": secret}) == [
         "inference_service_secrets.api_key holds a control character, which would end its line in the secrets file."]
 
 
 def test_an_all_digit_secret_read_as_a_number_is_still_compared():
-    assert "inference_service_secrets.api_key is in the command line" in problems({"api_key": 123456},
-                                                                                  served_name="m123456")[0]
+    assert "inference_service_secrets.api_key is in the command line" in problems({"api_key": 12345678},
+                                                                                  served_name="m12345678")[0]
 
 
 def test_a_non_utf8_secret_is_compared_as_given():
-    args = {"argv": ["/usr/local/bin/vllm", "serve", "m", "--chat-template", "a sk\udcff b"], "environment": {}}
-    found = inference_service_secret_problems({"hf_token": "sk\udcff"}, args)
+    args = {"argv": ["/usr/local/bin/vllm", "serve", "m", "--chat-template", "a sk-live\udcff b"], "environment": {}}
+    found = inference_service_secret_problems({"hf_token": "sk-live\udcff"}, args)
     assert len(found) == 1 and "argument 4" in found[0] and "\udcff" not in found[0]
 
 
@@ -126,8 +130,9 @@ def test_secrets_that_appear_nowhere_pass():
 
 
 def test_every_problem_of_every_secret_is_reported_at_once():
-    found = problems({"api_key": "aaa1", "hf_token": "bbb2\n", "environment": {"W_KEY": "ccc3"}},
-                     served_name="aaa1", extra_args=["--chat-template", "ccc3"], environment={"NCCL_X": "aaa1"})
+    found = problems({"api_key": "aaa1-live", "hf_token": "bbb2-live\n", "environment": {"W_KEY": "ccc3-live"}},
+                     served_name="aaa1-live", extra_args=["--chat-template", "ccc3-live"],
+                     environment={"NCCL_X": "aaa1-live"})
     assert len(found) == 4
 
 
@@ -144,6 +149,6 @@ def test_the_filter_is_registered_for_the_role():
 def test_an_api_key_no_http_header_can_carry_is_refused_without_showing_it():
     """The hostile run: a key with a euro sign passed validation, then crashed the health probe
     ('latin-1' codec can't encode ...) and the run ended without a report."""
-    found = problems({"api_key": "cl\u00e9-\u20ac-key", "admin_api_key": "ok-key"})
+    found = problems({"api_key": "cl\u00e9-\u20ac-key", "admin_api_key": "ok-key-1"})
     assert found == ["inference_service_secrets.api_key holds a character outside ASCII, which no HTTP "
                      "Authorization header can carry."]
