@@ -57,7 +57,9 @@ def test_a_listening_socket_is_found_with_every_process_that_holds_it():
         assert list(found["sockets"].values()) == [[
             {"pid": pid, "name": ("%s -c %s 4 listener-under-test" % (sys.executable, LISTENER))[:200],
              "cgroup": own_cgroup()} for pid in seen["pids"]]]
-        assert found["unreadable"] == []  # root reads every process's descriptors
+        # Root reads its own processes' descriptors (a process of another user namespace, such as a
+        # sandbox's PID 1, may refuse even root: it is named unreadable, not passed over).
+        assert not set(seen["pids"]) & set(found["unreadable"]), found
         # The client end is an established socket, not a listener.
         assert _listeners.listening_sockets(seen["client_port"]) == set()
     assert _listeners.listening_sockets(seen["port"]) == set()  # gone with its processes
