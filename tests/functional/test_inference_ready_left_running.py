@@ -6,8 +6,10 @@ waiting for its deadline. Fake engines and systemctl stand-ins (tests/functional
 the listener runs as `nobody`, the module under setpriv. Nothing is signalled."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 
@@ -32,7 +34,6 @@ def nobody_engine(routes):
     try:
         shutil.copy(fake_engines.__file__, top / "fake_engines.py")
         (top / "fake_engines.py").chmod(0o644)
-        import json
         proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3",
                                  str(top / "fake_engines.py"), json.dumps(routes)], cwd="/", stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -49,7 +50,6 @@ def nobody_engine(routes):
 
 def confined_python(tmp_path, drop):
     """An interpreter for run_module: this one, started by a root without the capabilities in drop."""
-    import sys
     wrapper = tmp_path / ("python-" + drop.replace(",", "").replace("-", "_"))
     wrapper.write_text("#!/bin/sh\nexec setpriv --bounding-set=%s --inh-caps=%s -- %s \"$@\"\n"
                        % (drop, drop, sys.executable))
