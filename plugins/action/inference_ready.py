@@ -10,7 +10,8 @@ the module waits at most progress_interval seconds per call; between calls this 
 one line (elapsed, unit state, what the server last answered) and calls it again with the
 unit's baseline (InvocationID, NRestarts), until the server is ready, the unit dies, or the
 deadline passes. Then it decides the status: ready, or degraded when speculative decoding
-accepts less than the floor.
+accepts less than the floor; a server the run did not start that the module finds slow or
+unproven ends the gate at once with that status (it is left running, never reset for it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ display = Display()
 MODULE = "cleanslate.gpu.inference_ready"
 # Options for this plugin only; the module receives the others.
 OWN = ("timeout", "progress_interval", "min_acceptance_rate", "fail_on_degraded")
+# The module's states that end the gate: ready, or a server this run did not start that it left
+# running, slow or unproven (the module's LEFT_RUNNING), reported at once with its reason.
+LEFT_RUNNING = ("slow", "unproven")
 
 
 def percentages(rate, floor):
@@ -77,7 +81,7 @@ class ActionModule(ActionBase):
             polls += answer.get("polls", 0)
             baseline = answer.get("baseline") or baseline
             elapsed = time.monotonic() - started
-            if answer.get("failed") or answer.get("state") == "ready":
+            if answer.get("failed") or answer.get("state") in ("ready",) + LEFT_RUNNING:
                 result.update(answer)
                 result.update(polls=polls, gate_s=round(elapsed, 2))
                 break
@@ -91,7 +95,10 @@ class ActionModule(ActionBase):
                                           if answer.get("journal") else "")))
                 return result
             display.display(line)
-        if not result.get("failed"):
+        if result.get("state") in LEFT_RUNNING:
+            result.update(status=result["state"], reason=mask(result.get("reason") or result.get("last_seen") or ""))
+            result.setdefault("warnings", []).append("%s: %s" % (result["status"], result["reason"]))
+        elif not result.get("failed"):
             self._status(result, floor, bool(args.get("fail_on_degraded")))
         return result
 

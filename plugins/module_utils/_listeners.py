@@ -56,6 +56,11 @@ def socket_holders(inodes, proc=PROC):
         for name in names:
             try:
                 inode = links.get(os.readlink(directory + "/" + name))
+            except PermissionError:
+                # A root without CAP_SYS_PTRACE lists another user's fd directory but may not
+                # follow its links (EACCES): that process may hold the port, it is not gone.
+                unreadable.append(pid)
+                break
             except OSError:
                 continue  # closed since the listing
             if inode is not None and pid not in holders[inode]:

@@ -19,6 +19,13 @@ description:
     C(/proc/net/tcp6) and the processes' descriptors) belongs to the unit's control group or one below it. Another
     server on the port fails the gate, naming it (RV(port_holder)), and so does a listener whose process cannot be
     seen. O(url) must then reach the server on this host.
+  - A listener that may belong to a process whose descriptors cannot be read (the module runs as a root without
+    C(CAP_SYS_PTRACE), in a container that drops it) is not proven foreign either - RV(verdict) V(unproven). A probe
+    says so (the server is not to be reset for it); for a server this run did not start (O(started) false) the gate
+    ends at once with RV(state) V(unproven), and for one it started it fails.
+  - With O(unit) and O(started) false, a server that accepts the connection but does not answer within
+    O(health_timeout) ends the gate at once with RV(state) V(slow): no restart is coming that could change it, and
+    waiting for O(timeout) would only report it failed.
   - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
     seconds after the server first answered. Every failure with O(unit) returns the journal lines of the invocation
     that was gated only (its C(InvocationID)), not of earlier runs.
@@ -228,18 +235,23 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: V(ready), V(waiting) (one call's wait ran out; the action plugin calls again) or V(unhealthy) (probe).
+  description:
+    - V(ready), V(waiting) (one call's wait ran out; the action plugin calls again), V(unhealthy) or V(unproven)
+      (probe), or, for a server this run did not start (O(started) false), V(slow) or V(unproven) (the gate ended
+      at once and left it running; RV(reason) says why).
   returned: always
   type: str
   sample: ready
 status:
-  description: V(ready), or V(degraded) when the acceptance rate is below O(min_acceptance_rate). Set by the action.
-  returned: when the gate passed
+  description:
+    - V(ready), or V(degraded) when the acceptance rate is below O(min_acceptance_rate); V(slow) or V(unproven) for a
+      server this run did not start and the gate left running (RV(state)). Set by the action.
+  returned: when the gate passed, or ended with RV(state) V(slow) or V(unproven)
   type: str
   sample: ready
 reason:
   description: Why RV(status) is not V(ready), or a note about the acceptance rate.
-  returned: when the gate passed
+  returned: when the gate passed, or ended with RV(state) V(slow) or V(unproven)
   type: str
   sample: "acceptance rate 0.15 below inference_service_min_acceptance_rate 0.3"
 healthy:
@@ -250,9 +262,10 @@ healthy:
 verdict:
   description:
     - What the last look found. V(healthy) (the health endpoints answered 200), V(slow) (the server accepted the
-      connection but did not answer within O(health_timeout); in probe mode, on both looks) or V(unhealthy)
-      (connection refused, an HTTP error status, the unit down, another process on the port). Only an unhealthy
-      server needs a reset.
+      connection but did not answer within O(health_timeout); in probe mode, on both looks), V(unproven) (it
+      answered, healthy or slow, but the listener cannot be attributed to O(unit), since the descriptors of a
+      process that may hold it cannot be read; no holder is proven foreign) or V(unhealthy) (connection refused,
+      an HTTP error status, the unit down, another process on the port). Only an unhealthy server needs a reset.
   returned: always
   type: str
   sample: healthy
@@ -383,6 +396,11 @@ SGLANG_WINDOW_NOTE = ("SGLang has not logged a window of decode steps yet: its s
                       "more than the smoke completions make; lower --decode-log-interval to have them read")
 METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
+# How many unreadable pids a sentence names before it says "and N more".
+SHOWN_PIDS = 12
+# What a server this run did not start may be, besides healthy, and be left running (never reset
+# for it, reset_and_serve.yml): the gate reports it at once rather than waiting for the deadline.
+LEFT_RUNNING = ("slow", "unproven")
 
 
 HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
@@ -477,29 +495,42 @@ def within(cgroup, unit_cgroup):
     return cgroup == unit_cgroup or cgroup.startswith(unit_cgroup.rstrip("/") + "/")
 
 
+def shown_pids(pids):
+    """The first SHOWN_PIDS pids, and how many more: a root without CAP_SYS_PTRACE may not read
+    most of the host's processes."""
+    shown = ", ".join(str(pid) for pid in pids[:SHOWN_PIDS])
+    return shown + (" and %d more" % (len(pids) - SHOWN_PIDS) if len(pids) > SHOWN_PIDS else "")
+
+
 def port_problem(port, unit, unit_cgroup, found):
-    """(sentence, the foreign holder or None) when the answer on port is not proven to come from
-    the unit, else (None, None). found is _listeners.listeners(port): every process that holds
-    a listening socket of the port must be in the unit's control group or one below it; a socket
-    no process is seen holding proves nothing."""
+    """(sentence, the foreign holder or None, unproven) when the answer on port is not proven to
+    come from the unit, else (None, None, False). found is _listeners.listeners(port): every
+    process that holds a listening socket of the port must be in the unit's control group or one
+    below it; a socket no process is seen holding proves nothing. unproven: no holder is proven
+    foreign, and the holder may be a process whose descriptors could not be read (the reader
+    lacks CAP_SYS_PTRACE): the answer may well be the unit's, so nothing is to be reset for it."""
     cannot = "cannot prove that unit %s answers on port %d: %%s" % (unit, port)
     if not unit_cgroup:
-        return cannot % "systemd gives the unit no control group", None
+        return cannot % "systemd gives the unit no control group", None, False
     for holders in found["sockets"].values():
         for holder in holders:
             if not within(holder["cgroup"], unit_cgroup):
                 return ("port %d is held by pid %d (%s), which is not a process of unit %s (its control group is %s, "
                         "the unit's is %s): another server answers in its place"
                         % (port, holder["pid"], holder["name"], unit, holder["cgroup"] or "unknown", unit_cgroup),
-                        holder)
+                        holder, False)
     if not found["sockets"]:
-        return cannot % "no process is seen listening on it", None
+        return cannot % "no process is seen listening on it", None, False
     if not all(found["sockets"].values()):
         if found["unreadable"]:
-            return cannot % ("the descriptors of pid %s cannot be read, and no other process is seen holding its "
-                             "socket" % ", ".join(str(pid) for pid in found["unreadable"])), None
-        return cannot % "no process is seen holding its socket", None
-    return None, None
+            return cannot % (
+                "the descriptors of %d process%s (pid %s) cannot be read, and no other process is seen holding its "
+                "socket (do the modules run without CAP_SYS_PTRACE, in a container that drops it?); give the modules' "
+                "root CAP_SYS_PTRACE, or see who holds the port with `ss -ltnp 'sport = :%d'` as a root that has it"
+                % (len(found["unreadable"]), "" if len(found["unreadable"]) == 1 else "es",
+                   shown_pids(found["unreadable"]), port)), None, True
+        return cannot % "no process is seen holding its socket", None, False
+    return None, None, False
 
 
 def request(params, path, timeout, data=None):
@@ -550,6 +581,13 @@ def probe(params, timeout):
     return "healthy", "HTTP 200"
 
 
+def left_running(params, verdict):
+    """Whether the gate ends at once with this verdict (LEFT_RUNNING), for a unit's server this run
+    did not start: no restart is coming to change a busy or an unattributable server, and waiting
+    for the deadline (an hour) would only report it failed."""
+    return verdict in LEFT_RUNNING and bool(params["unit"]) and not params["started"]
+
+
 def wait_healthy(module, params, baseline):
     """Poll until healthy or the call's wait runs out; raise GateError when the unit dies.
 
@@ -576,21 +614,34 @@ def wait_healthy(module, params, baseline):
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
             if healthy:  # the answer counts only if it comes from the unit
-                foreign, holder = port_problem(params["port"], params["unit"], state["ControlGroup"],
-                                               listeners(params["port"]))
+                foreign, holder, unproven = port_problem(params["port"], params["unit"], state["ControlGroup"],
+                                                         listeners(params["port"]))
+                if unproven and left_running(params, "unproven"):
+                    return "unproven", "%s, but %s" % (seen, foreign), state, baseline, polls, seen_at
                 if foreign:
                     raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
             elif seen != "connection refused":
                 # Something listens but does not answer 200: still loading if it is the unit's, but a
                 # proven foreign program (garbage, 404, a hang) is named now, not after the deadline.
-                foreign, holder = port_problem(params["port"], params["unit"], state["ControlGroup"],
-                                               listeners(params["port"]))
+                foreign, holder, unproven = port_problem(params["port"], params["unit"], state["ControlGroup"],
+                                                         listeners(params["port"]))
                 if holder:
                     raise GateError(foreign, port_holder=holder, unit=state, baseline=baseline, polls=polls)
-        if healthy or seen_at >= deadline:
+                if verdict == "slow" and unproven and left_running(params, "unproven"):
+                    return "unproven", "%s, but %s" % (seen, foreign), state, baseline, polls, seen_at
+        if healthy or seen_at >= deadline or left_running(params, verdict):
             return verdict, seen, state, baseline, polls, seen_at
         next_poll = started + polls * params["poll_interval"]
         time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
+
+
+def left_running_reason(params, verdict, seen):
+    """The sentence of a server left running that the gate reports at once (LEFT_RUNNING)."""
+    if verdict == "slow":
+        return ("%s: this run did not start unit %s, which still runs and accepts connections, and left it running; "
+                "raise inference_service_health_timeout if the server is only busy, or restart it (fleet_force_reset"
+                "=true) if it hangs" % (seen, params["unit"]))
+    return "%s; this run did not start unit %s and left it running" % (seen, params["unit"])
 
 
 def look(module, params):
@@ -614,10 +665,11 @@ def look(module, params):
     if verdict == "slow" and looks[0][0] != "slow":
         verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
     if verdict != "unhealthy" and params["unit"]:  # something answers: is it the unit?
-        foreign, holder = port_problem(params["port"], params["unit"], result["unit"]["ControlGroup"],
-                                       listeners(params["port"]))
+        foreign, holder, unproven = port_problem(params["port"], params["unit"], result["unit"]["ControlGroup"],
+                                                 listeners(params["port"]))
         if foreign:
-            verdict, seen = "unhealthy", foreign
+            # An answer that may be the unit's (its holder cannot be read) is no reason to stop the unit.
+            verdict, seen = ("unproven", "%s, but %s" % (seen, foreign)) if unproven else ("unhealthy", foreign)
             if holder:
                 result["port_holder"] = holder
     healthy = verdict == "healthy"
@@ -920,6 +972,9 @@ def main():
         result.update(healthy=healthy, verdict=verdict, last_seen=seen, polls=polls)
         if params["unit"]:
             result.update(unit=state, baseline=baseline)
+        if left_running(params, verdict):
+            result.update(state=verdict, reason=left_running_reason(params, verdict, seen))
+            module.exit_json(**mask(result))
         if not healthy:
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:

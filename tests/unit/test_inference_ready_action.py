@@ -147,3 +147,21 @@ def test_the_progress_lines_printed_between_rounds_show_no_secret(capsys):
     out = capsys.readouterr().out
     assert len(calls) >= 2 and out.count("gpu1: waiting for") >= 1, out  # lines were printed
     assert "zq7" not in out and '/health HTTP 401 for key "********"' in out, out
+
+
+@pytest.mark.parametrize("state", ["slow", "unproven"])
+def test_a_server_left_running_that_is_slow_or_unproven_ends_the_gate_at_once_with_its_status(state):
+    """Issue 35, 9: the module's first round says the server the run left running is slow (or
+    unproven): the gate ends there, its status that state with the module's reason as a warning,
+    not failed; it never calls again until the deadline (an hour by default)."""
+    reason = "/health accepted the connection but gave no answer within 2 s: this run did not start unit vllm.service"
+    answer = {"state": state, "healthy": False, "verdict": state, "polls": 1, "changed": False, "reason": reason,
+              "last_seen": "/health accepted the connection but gave no answer within 2 s", "unit": UNIT}
+    started = time.monotonic()
+    result, calls = run(lambda module_args: dict(answer), timeout=3, progress_interval=1)
+    assert len(calls) == 1 and time.monotonic() - started < 5
+    assert not result.get("failed") and result["status"] == state and result["reason"] == reason, result
+    assert result["warnings"] == ["%s: %s" % (state, reason)]
+    # The module's waiting state is no such end: the rounds go on (to the deadline, here 0 s).
+    waiting, dummy = run(lambda module_args: dict(answer, state="waiting"), timeout=0)
+    assert waiting["failed"] and "not ready after 0 s" in waiting["msg"], waiting

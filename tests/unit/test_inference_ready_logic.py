@@ -23,31 +23,49 @@ def proc(pid, cgroup, name="python3 -m vllm.entrypoints.openai.api_server"):
 
 def test_the_units_processes_and_its_sub_cgroups_count_as_the_unit():
     found = held(proc(42, UNIT_CGROUP), proc(43, UNIT_CGROUP + "/workers"))
-    assert port_problem(8000, UNIT, UNIT_CGROUP, found) == (None, None)
+    assert port_problem(8000, UNIT, UNIT_CGROUP, found) == (None, None, False)
 
 
 @pytest.mark.parametrize("cgroup", ["/user.slice/user-1000.slice/session-3.scope", "/system.slice/vllm.service-old",
                                     "/system.slice", "/", ""])
 def test_a_process_outside_the_units_cgroup_on_the_port_is_named(cgroup):
     foreign = proc(123, cgroup, name="python3 foreign.py")
-    sentence, holder = port_problem(8000, UNIT, UNIT_CGROUP, held(proc(42, UNIT_CGROUP), foreign))
+    sentence, holder, unproven = port_problem(8000, UNIT, UNIT_CGROUP, held(proc(42, UNIT_CGROUP), foreign))
     assert sentence == ("port 8000 is held by pid 123 (python3 foreign.py), which is not a process of unit "
                         "vllm.service (its control group is %s, the unit's is %s): another server answers in its "
                         "place" % (cgroup or "unknown", UNIT_CGROUP))
-    assert holder == foreign
+    assert holder == foreign and unproven is False
 
 
-@pytest.mark.parametrize("found, unit_cgroup, why", [
-    (held(), UNIT_CGROUP, "no process is seen listening on it"),
+def test_a_proven_foreign_holder_is_foreign_even_beside_unreadable_processes():
+    """Unreadable descriptors elsewhere leave a holder seen outside the unit foreign, not unproven."""
+    foreign = proc(123, "/user.slice", name="python3 foreign.py")
+    found = {"sockets": {1000: [foreign], 1001: []}, "unreadable": [7]}
+    sentence, holder, unproven = port_problem(8000, UNIT, UNIT_CGROUP, found)
+    assert holder == foreign and unproven is False and sentence.startswith("port 8000 is held by pid 123")
+
+
+UNREADABLE_HINT = ("(do the modules run without CAP_SYS_PTRACE, in a container that drops it?); give the modules' root "
+                   "CAP_SYS_PTRACE, or see who holds the port with `ss -ltnp 'sport = :8000'` as a root that has it")
+
+
+@pytest.mark.parametrize("found, unit_cgroup, why, unproven", [
+    (held(), UNIT_CGROUP, "no process is seen listening on it", False),
     ({"sockets": {1000: []}, "unreadable": [7, 9]}, UNIT_CGROUP,
-     "the descriptors of pid 7, 9 cannot be read, and no other process is seen holding its socket"),
-    ({"sockets": {1000: []}, "unreadable": []}, UNIT_CGROUP, "no process is seen holding its socket"),
-    (held(proc(42, UNIT_CGROUP)), "", "systemd gives the unit no control group"),
+     "the descriptors of 2 processes (pid 7, 9) cannot be read, and no other process is seen holding its socket " + UNREADABLE_HINT,
+     True),
+    ({"sockets": {1000: []}, "unreadable": list(range(2, 22))}, UNIT_CGROUP,
+     "the descriptors of 20 processes (pid 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13 and 8 more) cannot be read, and no "
+     "other process is seen holding its socket " + UNREADABLE_HINT, True),
+    ({"sockets": {1000: []}, "unreadable": []}, UNIT_CGROUP, "no process is seen holding its socket", False),
+    (held(proc(42, UNIT_CGROUP)), "", "systemd gives the unit no control group", False),
 ])
-def test_a_holder_that_cannot_be_proven_does_not_count_as_ready(found, unit_cgroup, why):
-    sentence, holder = port_problem(8000, UNIT, unit_cgroup, found)
+def test_a_holder_that_cannot_be_proven_does_not_count_as_ready(found, unit_cgroup, why, unproven):
+    """Only a holder that may be hidden by unreadable descriptors is unproven (not to be reset for):
+    no listener at all, or no control group to compare with, stays a problem of the unit."""
+    sentence, holder, seen_unproven = port_problem(8000, UNIT, unit_cgroup, found)
     assert sentence == "cannot prove that unit vllm.service answers on port 8000: %s" % why
-    assert holder is None
+    assert holder is None and seen_unproven is unproven
 
 
 def state(**changes):
@@ -88,7 +106,7 @@ def test_the_unit_on_one_address_does_not_vouch_for_an_unseen_holder_on_another(
     # vLLM on 0.0.0.0:8000 and another user's server on [::]:8000 (its descriptors not readable):
     # two listening sockets, and a client on ::1 reaches the one nobody can prove is the unit's.
     found = {"sockets": {1000: [proc(42, UNIT_CGROUP)], 1001: []}, "unreadable": [7]}
-    sentence, holder = port_problem(8000, UNIT, UNIT_CGROUP, found)
-    assert sentence == ("cannot prove that unit vllm.service answers on port 8000: the descriptors of pid 7 cannot be "
-                        "read, and no other process is seen holding its socket")
-    assert holder is None
+    sentence, holder, unproven = port_problem(8000, UNIT, UNIT_CGROUP, found)
+    assert sentence == ("cannot prove that unit vllm.service answers on port 8000: the descriptors of 1 process (pid 7) "
+                        "cannot be read, and no other process is seen holding its socket " + UNREADABLE_HINT)
+    assert holder is None and unproven is True
