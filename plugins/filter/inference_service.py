@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import executable_path, not_texts
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
+    executable_path, not_texts, served_name_fault, unit_fault, value_sentence)
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
 NUMBERS = (
@@ -71,11 +72,30 @@ def inference_service_problems(values):
         problems.append("inference_service_metrics_dir is %s: a path must be absolute (start with /), on one line."
                         % _role_spec.shown(metrics_dir))
         skip += ("inference_service_metrics_dir",)
-    problems += _role_spec.spec_problems(spec(), values, skip=skip)
+    secrets = values.get("inference_service_secrets")
+    mask = secret_masker(secrets if isinstance(secrets, Mapping) else {})
+    named = _name_problems(values, mask)
+    problems += named.values()
+    problems += _role_spec.spec_problems(spec(), values, skip=skip + tuple(named))
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
-    secrets = values.get("inference_service_secrets")
-    return secret_masker(secrets if isinstance(secrets, Mapping) else {})(problems)
+    return mask(problems)
+
+
+def _name_problems(values: Mapping, mask) -> dict:
+    """{variable: sentence} of the names the role puts into unit file paths, systemctl's arguments,
+    the journal, every request and every /metrics line, checked here, first, so that no task (the
+    host's look at the unit runs before the command line is built) receives a name the role refuses.
+    A text only: another type is the type check's. The value is masked before it is cut."""
+    found = {}
+    for variable, fault in (("inference_service_served_name", served_name_fault),
+                            ("inference_service_unit", unit_fault)):
+        value = values.get(variable)
+        if isinstance(value, str):
+            sentence = value_sentence(variable, value, fault(value), mask)
+            if sentence:
+                found[variable] = sentence + "."
+    return found
 
 
 def secret_masker(secrets):
