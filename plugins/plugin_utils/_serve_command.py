@@ -45,8 +45,9 @@ HOST_NAME_MAX = 253
 # A last label that reads as a number (WHATWG URL's "ends in a number"): inet_aton takes it for an address.
 NUMERIC_LABEL = re.compile(r"[0-9]+|0[xX][0-9A-Fa-f]*")
 LOOPBACK = frozenset(["127.0.0.1", "::1"])
-# Characters of no served name: Prometheus escapes \ and " in a label value, braces end its label set.
-SERVED_NAME_REFUSED = frozenset('\\"{}')
+# Characters of no served name: Prometheus escapes \ and " in a label value, braces end its label set;
+# no client quotes a model's name.
+SERVED_NAME_REFUSED = frozenset('\\"\'`{}')
 UNIT_NAME_MAX_CHARS = 255           # systemd's UNIT_NAME_MAX, less the terminating NUL
 # Bounds no real configuration reaches, each where something outside the role fails first:
 MODEL_MAX_CHARS = 4096              # PATH_MAX, the longest path Linux opens (a Hub repository id is < 100)
@@ -197,7 +198,7 @@ def served_name_fault(value):
     Clients send the name in every request's JSON, the engines write it as the model_name label
     value of every /metrics line, the unit's Description carries it: one word of printable
     characters (org/model and llama-3.1:8b@q4 are), none of Prometheus's escaped characters (\\, ")
-    or the label set's braces, no Unicode space or invisible character, and no leading '-', with
+    or the label set's braces, no quote, no Unicode space or invisible character, and no leading '-', with
     which the engine would read it as an option."""
     if not isinstance(value, str):
         return "it must be text"
