@@ -606,9 +606,9 @@ class _Builder:
             elif self.owned.get(entry["dest"]) or entry["dest"] in SECRET_FLAGS:
                 self._refuse_option(entry["flags"][0], entry)
             elif entry["nargs"] == 0:
+                flag = entry["flags"][0]
                 self.problem("%s item %d holds %s and more after a space, which the engine takes for a value and "
-                             "refuses: give %s as an item of its own" % (where, position, entry["flags"][0],
-                                                                           entry["flags"][0]))
+                             "refuses: give %s as an item of its own" % (where, position, flag, flag))
             else:
                 flag = entry["flags"][0]
                 self.problem("%s item %d holds %s and its value in one item, which the engine takes for a value and "

@@ -30,8 +30,8 @@ def test_hostile_served_and_unit_names_are_refused_by_the_first_check_and_never_
     vars_file.write_text("\n".join([
         "unsafe_served: !unsafe %s" % json.dumps(_hostile(marker, "served")),
         "unsafe_unit: !unsafe %s" % json.dumps(_hostile(marker, "unit") + ".service"),
-        "unsafe_instance_unit: !unsafe %s" % json.dumps("{%% set x = lookup('pipe', 'echo instance >> %s') %%}"
-                                                       ".service" % marker),
+        "unsafe_instance_unit: !unsafe %s" % json.dumps(
+            "{%% set x = lookup('pipe', 'echo instance >> %s') %%}.service" % marker),
         "",
     ]))
     escaped = "{{ '{{' }} lookup('pipe', 'echo escaped >> %s') }}" % marker
