@@ -20,7 +20,8 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import executable_path, not_texts
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
+    executable_path, not_texts, served_name_fault, unit_fault, value_sentence)
 
 # (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
 NUMBERS = (
@@ -90,13 +91,34 @@ def inference_service_problems(values):
         problems.append("inference_service_metrics_dir is %s: a path must be absolute (start with /), on one line."
                         % _role_spec.shown(metrics_dir))
         skip += ("inference_service_metrics_dir",)
-    problems += _role_spec.spec_problems(spec(), values, skip=skip)
     secrets = values.get("inference_service_secrets")
+    mask = secret_masker(secrets if isinstance(secrets, Mapping) else {})
     named = _secret_values(secrets if isinstance(secrets, Mapping) else {})
-    problems += short_secret_problems(named) + visible_secret_problems(values, named)
+    holders = secret_holders(values, named)
+    # A name that holds a secret gets that sentence alone (change the secret), not the name rule's too.
+    name_problems = _name_problems(values, mask, skip={variable for variable, dummy, dummy2 in holders})
+    problems += name_problems.values()
+    problems += _role_spec.spec_problems(spec(), values, skip=skip + tuple(name_problems))
+    problems += short_secret_problems(named) + [holder_sentence(*holder) for holder in holders]
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
-    return secret_masker(secrets if isinstance(secrets, Mapping) else {})(problems)
+    return mask(problems)
+
+
+def _name_problems(values: Mapping, mask, skip=frozenset()) -> dict:
+    """{variable: sentence} of the names the role puts into unit file paths, systemctl's arguments,
+    the journal, every request and every /metrics line, checked here, first, so that no task (the
+    host's look at the unit runs before the command line is built) receives a name the role refuses.
+    A text only: another type is the type check's. The value is masked before it is cut."""
+    found = {}
+    for variable, fault in (("inference_service_served_name", served_name_fault),
+                            ("inference_service_unit", unit_fault)):
+        value = values.get(variable)
+        if isinstance(value, str) and variable not in skip:
+            sentence = value_sentence(variable, value, fault(value), mask)
+            if sentence:
+                found[variable] = sentence + "."
+    return found
 
 
 def short_secret_problems(named: list) -> list:
@@ -112,23 +134,29 @@ def _compared(named: list) -> list:
     return [(name, _forms(value)) for name, value in named if len(value) >= SECRET_MIN_CHARS]
 
 
-def visible_secret_problems(values: Mapping, named: list) -> list:
-    """Where a secret was pasted into a text of VISIBLE or a name of VISIBLE_NAMES: one sentence per
-    variable and secret, naming both and never any part of the value. `named`: [(name, value)] of
-    _secret_values."""
+def secret_holders(values: Mapping, named: list) -> list:
+    """Where a secret was pasted into a text of VISIBLE or a name of VISIBLE_NAMES: [(variable, the
+    secret's name, who reads that variable)], one per variable and secret. `named`: [(name, value)]
+    of _secret_values."""
     texts = [(variable, why, [values.get(variable)]) for variable, why in VISIBLE]
     secrets = values.get("inference_service_secrets")
     for variable, why in VISIBLE_NAMES:
         holder = values.get(variable) if variable.count(".") == 0 else \
             (secrets.get("environment") if isinstance(secrets, Mapping) else None)
         texts.append((variable, why, list(holder) if isinstance(holder, Mapping) else []))
-    problems = []
-    for name, forms in _compared(named):
-        for variable, why, items in texts:
-            if any(isinstance(item, (str, int, float)) and any(form in str(item) for form in forms) for item in items):
-                problems.append("%s holds the value of inference_service_secrets.%s: %s, read by every user of the "
-                                "host; change the secret or %s." % (variable, name, why, variable))
-    return problems
+    return [(variable, name, why) for name, forms in _compared(named) for variable, why, items in texts
+            if any(isinstance(item, (str, int, float)) and any(form in str(item) for form in forms) for item in items)]
+
+
+def holder_sentence(variable: str, name: str, why: str) -> str:
+    """The refusal of a variable that holds a secret's value: names both, never any part of the value."""
+    return ("%s holds the value of inference_service_secrets.%s: %s, read by every user of the host; change the "
+            "secret or %s." % (variable, name, why, variable))
+
+
+def visible_secret_problems(values: Mapping, named: list) -> list:
+    """The sentences of secret_holders."""
+    return [holder_sentence(*holder) for holder in secret_holders(values, named)]
 
 
 def secret_masker(secrets):

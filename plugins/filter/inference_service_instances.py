@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
     _secret_values, inference_service_problems, secret_masker, spec, visible_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import shown
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import share_addresses, unit_fault
 
 PREFIX = "inference_service_"
 VARIABLE = PREFIX + "instances"
@@ -29,8 +30,8 @@ NOT_PER_INSTANCE = ("instances", "fail_host")
 # A whole GPU's UUID as NVML and nvidia-smi print it; MIG-... (a slice of a GPU) cannot be reset alone.
 GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z", re.IGNORECASE)
 INDEX = re.compile(r"[0-9]{1,4}\Z")
-# Addresses on which a server listens on every address: a port there clashes with any other bind address.
-EVERY_ADDRESS = ("", "0.0.0.0", "::", "[::]", "*")
+# What CUDA reads as a GPU index it has not (a negative one, or too large): that GPU and every later one ignored.
+NO_SUCH_INDEX = re.compile(r"-?[0-9]+\Z")
 
 
 def instance_keys() -> list:
@@ -57,9 +58,13 @@ def parse_gpus(value) -> tuple:
         elif item.upper().startswith("MIG-"):
             return [], None, ("names %s, a MIG instance: a GPU reset cannot be scoped to a slice of a GPU; give whole "
                               "GPUs" % shown(item))
-        elif item.lstrip("-").isdigit():
+        elif NO_SUCH_INDEX.match(item):
             return [], None, ("holds %s: CUDA ignores that GPU and every one after it; give the GPUs the server "
                               "uses" % shown(item))
+        elif any(char.isdigit() and not char.isascii() for char in item):
+            # str.isdigit takes Arabic-Indic or fullwidth digits; CUDA reads only 0-9.
+            return [], None, ("holds %s, whose digits are not the ASCII digits 0-9, the only ones CUDA reads as a GPU "
+                              "index" % shown(item))
         else:
             return [], None, ("holds %s, which is neither a GPU index nor a whole GPU's UUID (GPU- and 32 hexadecimal "
                               "digits)" % shown(item))
@@ -98,7 +103,9 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
         return None, ["%s is %s: each instance must be a mapping of the role's variable names without the prefix "
                       "(unit, port, environment, ...)." % (where, shown(item))]
     unit = item.get("unit", single.get(PREFIX + "unit"))
-    if isinstance(unit, str) and unit and "\n" not in unit and secret_masker(_secrets(item, single))(unit) == unit:
+    if unit_fault(unit) is None and secret_masker(_secrets(item, single))(unit) == unit:
+        # Named by its unit only when the unit is one and holds no secret: the unit rule's own
+        # sentence shows a bad one, once.
         where = "%s (%s)" % (where, unit)
     known = set(instance_keys())
     problems = [_unknown_key(where, key) for key in item if key not in known]
@@ -155,9 +162,7 @@ def _clashes(instances: list) -> list:
             pair = "%s[%d] (%s) and %s[%d] (%s)" % (VARIABLE, other_index, other["unit"], VARIABLE, index, one["unit"])
             if one["unit"] == other["unit"]:
                 problems.append("%s share the unit %s: each instance needs its own unit." % (pair, one["unit"]))
-            same_address = (one["host"] == other["host"] or one["host"] in EVERY_ADDRESS
-                            or other["host"] in EVERY_ADDRESS)
-            if int(one["port"]) == int(other["port"]) and same_address:
+            if int(one["port"]) == int(other["port"]) and share_addresses(one["host"], other["host"]):
                 problems.append("%s share the port %s: the second server could not listen on it." % (pair, one["port"]))
             shared = [gpu for gpu in one["gpus"] if gpu in other["gpus"]]
             if shared:

@@ -271,13 +271,33 @@ class EngineFlags:
         """[(position, option name, entry or None, FlagError text or None)] for every option in
         args (position in args after preprocess, from 1); a value argparse would consume is
         skipped as argparse skips it: a following item that reads as an option is not one."""
+        return self._scan(self.preprocess(list(args)))[0]
+
+    def joined_in(self, args: list) -> list:
+        """[(position, entry or None)] of the items that hold an option and, after a space, more
+        ("--max-num-seqs 64" as one item) where argparse looks for an option: it takes such an item
+        for a value, which the engine refuses (unrecognized arguments), so the flag is never set.
+        The entry is the option its first word names (None: no option of the engine's)."""
         args = self.preprocess(list(args))
-        found = []
+        joined = []
+        for position in self._scan(args)[1]:
+            arg = args[position - 1]
+            if arg.startswith("-") and len(arg) > 1 and not _is_number(arg) and " " in option_name(arg):
+                try:
+                    joined.append((position, self.resolve(arg.split(" ", 1)[0])))
+                except FlagError:
+                    joined.append((position, None))
+        return joined
+
+    def _scan(self, args: list) -> tuple:
+        """(options_in's list, positions of the items that are neither an option nor its value)."""
+        found, loose = [], []
         index = 0
         while index < len(args):
             arg = args[index]
             index += 1
             if not _is_option(arg):
+                loose.append(index)
                 continue
             try:
                 entry = self.resolve(arg)
@@ -291,7 +311,7 @@ class EngineFlags:
                 index += 1
                 if entry["nargs"] in (None, "?"):
                     break
-        return found
+        return found, loose
 
 
 def option_name(option: str) -> str:

@@ -42,6 +42,13 @@ SECRET_KEYS = ("api_key", "hf_token", "admin_api_key")
 # A DNS host name label (RFC 1123): letters, digits and inner hyphens, 1 to 63 of them.
 HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 HOST_NAME_MAX = 253
+# A last label that reads as a number (WHATWG URL's "ends in a number"): inet_aton takes it for an address.
+NUMERIC_LABEL = re.compile(r"[0-9]+|0[xX][0-9A-Fa-f]*")
+LOOPBACK = frozenset(["127.0.0.1", "::1"])
+# Characters of no served name: Prometheus escapes \ and " in a label value, braces end its label set;
+# no client quotes a model's name.
+SERVED_NAME_REFUSED = frozenset('\\"\'`{}')
+UNIT_NAME_MAX_CHARS = 255           # systemd's UNIT_NAME_MAX, less the terminating NUL
 # Bounds no real configuration reaches, each where something outside the role fails first:
 MODEL_MAX_CHARS = 4096              # PATH_MAX, the longest path Linux opens (a Hub repository id is < 100)
 SERVED_NAME_MAX_CHARS = 256         # clients send it in every request; Hub ids are < 100 characters
@@ -125,23 +132,109 @@ def _shown(value, limit: int = 80) -> str:
     return text if len(text) <= limit else "%s... (%d characters)" % (text[:limit], len(text))
 
 
+class HostSpelling(ValueError):
+    """An address written in a spelling the role refuses; its text says which address and how to write it."""
+
+
 def parse_host(host):
     """An IP address (ipaddress) or a DNS host name (str) from inference_service_host, or ValueError.
 
-    A host name is RFC 1123 labels; its last label is not all digits, since "127.1" or "0" would
-    be read as an address by inet_aton. Anything else (user@host, host:port, a path, brackets, a
-    zone index) could make the gate's URL name another machine."""
+    An address is one spelling only: ipaddress's (dotted decimal without leading zeros, or IPv6),
+    not an IPv4 address written as IPv6 (::ffff:127.0.0.1, which a server binds only on a
+    dual-stack socket). A host name is RFC 1123 labels whose last one is no number (all digits, or
+    0x and hexadecimal digits: the WHATWG URL rule), since inet_aton, and so getaddrinfo and every
+    HTTP client, reads "127.1", "0x7f000001" or "1.0x1" as an address. Anything else (user@host,
+    host:port, a path, brackets, a zone index) could make the gate's URL name another machine."""
     if not isinstance(host, str) or "%" in host:
         raise ValueError("not an address or host name")
     try:
-        return ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host)
     except ValueError:
-        pass
+        address = None
+    if address is not None:
+        if address.version == 6 and address.ipv4_mapped:
+            raise HostSpelling("the IPv4 address %s written as IPv6: write %s" % ((address.ipv4_mapped,) * 2))
+        return address
     labels = host.split(".")
-    if len(host) > HOST_NAME_MAX or not all(HOST_LABEL.fullmatch(label) for label in labels) \
-            or labels[-1].isdigit():
+    if len(host) > HOST_NAME_MAX or not all(HOST_LABEL.fullmatch(label) for label in labels):
         raise ValueError("not an address or host name")
+    if NUMERIC_LABEL.fullmatch(labels[-1]):
+        raise HostSpelling("a host name whose last label is a number, which inet_aton reads as an IPv4 address "
+                           "(127.1, 0x7f000001 and 0177.0.0.1 are 127.0.0.1) or refuses: write an address as four "
+                           "decimal numbers without leading zeros, or give a host name")
     return host
+
+
+def listen_addresses(host):
+    """The addresses a server told to listen on `host` takes a port on, to tell whether two servers
+    of one host can share it: None for every address (0.0.0.0, ::, and :: takes IPv4 too on a
+    dual-stack host), loopback for localhost (which resolves to 127.0.0.1 and ::1), an IPv4
+    address written as IPv6 as that IPv4 address. Another host name is itself, in lower case: what
+    it resolves to on the host is not known here. A host the role refuses is itself, as given."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            address = parse_host(host)
+        except ValueError:
+            return frozenset([host])
+    if isinstance(address, str):
+        name = address.lower()
+        return LOOPBACK if name == "localhost" or name.endswith(".localhost") else frozenset([name])
+    if address.version == 6 and address.ipv4_mapped:
+        address = address.ipv4_mapped
+    return None if address.is_unspecified else frozenset([address.compressed])
+
+
+def share_addresses(host, other) -> bool:
+    """Whether servers listening on `host` and on `other` take a port on a common address."""
+    one, two = listen_addresses(host), listen_addresses(other)
+    return one is None or two is None or bool(one & two)
+
+
+def served_name_fault(value):
+    """What is wrong with inference_service_served_name, as a phrase without its value, or None.
+
+    Clients send the name in every request's JSON, the engines write it as the model_name label
+    value of every /metrics line, the unit's Description carries it: one word of printable
+    characters (org/model and llama-3.1:8b@q4 are), none of Prometheus's escaped characters (\\, ")
+    or the label set's braces, no quote, no Unicode space or invisible character, and no leading '-', with
+    which the engine would read it as an option."""
+    if not isinstance(value, str):
+        return "it must be text"
+    if len(value) > SERVED_NAME_MAX_CHARS:
+        return "it is %d characters long, at most %d (clients send it in every request)" % (
+            len(value), SERVED_NAME_MAX_CHARS)
+    if value.startswith("-"):
+        return "it starts with '-', and the engine would read it as an option"
+    if not _utf8(value) or any(not char.isprintable() or char.isspace() or char in SERVED_NAME_REFUSED
+                               for char in value):
+        return ("it must be one word of printable characters, without spaces, quotes, backslashes or braces "
+                "(clients send it in every request, /metrics carries it as a label value)")
+    return None
+
+
+def unit_fault(value):
+    """What is wrong with a unit name (inference_service_unit, an instance's unit), as a phrase
+    without its value, or None. The name goes into paths under /etc/systemd/system, into systemctl's
+    arguments and the journal's identifier: systemd's characters for a unit that is no template,
+    a name of at most 255 characters, no '..' and no leading '-' (an option to systemctl)."""
+    if not isinstance(value, str):
+        return "it must be text"
+    if len(value) > UNIT_NAME_MAX_CHARS:
+        return "it is %d characters long, at most %d (systemd's limit)" % (len(value), UNIT_NAME_MAX_CHARS)
+    if not UNIT_NAME.fullmatch(value) or ".." in value or value.startswith("-"):
+        return "it must be a service unit name such as vllm.service (letters, digits, ':_.-')"
+    return None
+
+
+def value_sentence(variable: str, value, fault, mask=None):
+    """The sentence of a variable whose value has a fault (None: no sentence), the value shown as
+    repr cut to a line, after `mask` (the secrets' Masker) hid any secret in it: a secret cut in
+    two would no longer be found whole."""
+    if fault is None:
+        return None
+    return "%s is %s: %s" % (variable, _shown(mask(value) if mask and isinstance(value, str) else value), fault)
 
 
 def _suggest(word: str, candidates) -> str:
@@ -176,12 +269,10 @@ class _Builder:
                 or s["model"].startswith("-") or not _utf8(s["model"]):
             self.problem("%s must name the model (a Hugging Face repository or a local path), got %s"
                          % (_var("model"), _shown(s["model"])))
-        if isinstance(s["served_name"], str) and len(s["served_name"]) > SERVED_NAME_MAX_CHARS:
-            self.problem("%s is %d characters long: at most %d (clients send it in every request)"
-                         % (_var("served_name"), len(s["served_name"]), SERVED_NAME_MAX_CHARS))
-        elif not isinstance(s["served_name"], str) or _control(s["served_name"]) or " " in s["served_name"] \
-                or not _utf8(s["served_name"]):
-            self.problem("%s must be one word without spaces, got %s" % (_var("served_name"), _shown(s["served_name"])))
+        for name, fault in (("served_name", served_name_fault), ("unit", unit_fault)):
+            sentence = value_sentence(_var(name), s[name], fault(s[name]))
+            if sentence:
+                self.problem(sentence)
         if not _int(s["tensor_parallel_size"]) or not 1 <= s["tensor_parallel_size"] <= 1024:
             self.problem("%s must be an integer from 1 to 1024, got %r"
                          % (_var("tensor_parallel_size"), s["tensor_parallel_size"]))
@@ -191,6 +282,8 @@ class _Builder:
         else:
             try:
                 parse_host(s["host"])
+            except HostSpelling as exc:
+                self.problem("%s is %s: %s" % (_var("host"), _shown(s["host"]), exc))
             except ValueError:
                 self.problem("%s must be an IP address or a DNS host name (letters, digits and inner '-' in labels "
                              "joined by '.'), got %s" % (_var("host"), _shown(s["host"])))
@@ -206,10 +299,6 @@ class _Builder:
         if not _int(s["drain_timeout"]) or not 0 <= s["drain_timeout"] <= 86400:
             self.problem("%s must be an integer from 0 to 86400 seconds, got %r"
                          % (_var("drain_timeout"), s["drain_timeout"]))
-        unit = s["unit"]
-        if not isinstance(unit, str) or not UNIT_NAME.fullmatch(unit) or ".." in unit or len(unit) > 255:
-            self.problem("%s must be a service unit name such as vllm.service (letters, digits, ':_.-'), got %r"
-                         % (_var("unit"), unit))
         if s["user"] and (not isinstance(s["user"], str) or not USER_NAME.fullmatch(s["user"])):
             self.problem("%s must be a user name, got %s" % (_var("user"), _shown(s["user"])))
         elif s["user"] in SHARED_USERS:
@@ -493,6 +582,7 @@ class _Builder:
             reported.add(entry["dest"])
             if self._refuse_option(option, entry):
                 secret_at = position + 1
+        self._joined(items)
         given = self.flags.set_by(items)
         if given is not None:
             # What the engine's own parser reads that the walk above could not (-tp=8, a prefix of a
@@ -503,6 +593,27 @@ class _Builder:
                     self._refuse_option(entry["flags"][0], entry)
             self.reach = self.api_reach(given)
         return items
+
+    def _joined(self, items: list) -> None:
+        """An option and its value in one item ("--max-num-seqs 64"): the engine would refuse the
+        line, and its message (which the final parse gives only when nothing else is wrong) shows
+        the item whole. Said here, with the rest, showing the option only: the value may be a secret."""
+        where = _var("extra_args")
+        for position, entry in self.flags.joined_in(items):
+            if entry is None:
+                self.problem("%s item %d starts with '-' and holds a space, which the engine takes for a value and "
+                             "refuses: give each flag and each value as an item of its own" % (where, position))
+            elif self.owned.get(entry["dest"]) or entry["dest"] in SECRET_FLAGS:
+                self._refuse_option(entry["flags"][0], entry)
+            elif entry["nargs"] == 0:
+                flag = entry["flags"][0]
+                self.problem("%s item %d holds %s and more after a space, which the engine takes for a value and "
+                             "refuses: give %s as an item of its own" % (where, position, flag, flag))
+            else:
+                flag = entry["flags"][0]
+                self.problem("%s item %d holds %s and its value in one item, which the engine takes for a value and "
+                             "refuses: give them as two items ([%s, VALUE]) or as %s=VALUE"
+                             % (where, position, flag, flag, flag))
 
     def _refuse_option(self, option: str, entry: dict) -> bool:
         """Refuse (or warn about) one option of inference_service_extra_args; True when it is a

@@ -312,7 +312,7 @@ def test_the_action_returns_the_gate_url_and_its_tls_settings():
     ({"speculative": {"method": "ngram", "num_speculative_tokens": 10**9}},
      "inference_service_speculative.num_speculative_tokens must be at most 256"),
     ({"model": "m" * 200000}, "inference_service_model is 200000 characters long: at most 4096"),
-    ({"served_name": "s" * 100000}, "inference_service_served_name is 100000 characters long: at most 256"),
+    ({"served_name": "s" * 100000}, "it is 100000 characters long, at most 256"),
     ({"extra_args": ["--enforce-eager"] * 5000}, "inference_service_extra_args has 5000 items: at most 1024"),
     ({"extra_args": ["--chat-template", "x" * 131072]},
      "inference_service_extra_args item 2 is 131072 bytes long: the kernel refuses"),
@@ -399,7 +399,7 @@ def test_serve_config_error_joins_with_newlines():
 # --- names that ended in a newline passed a `$` anchored check -----------------------------------
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"unit": "vllm.service\n"}, "inference_service_unit must be a service unit name"),
+    ({"unit": "vllm.service\n"}, "inference_service_unit is 'vllm.service\\n': it must be a service unit name"),
     ({"user": "vllm\n"}, "inference_service_user must be a user name"),
     ({"environment": {"NCCL_DEBUG\n": "WARN"}}, "is not an environment variable name"),
     ({"secrets_set": {"environment": ["WANDB_API_KEY\n"]}}, "is not an environment variable name"),

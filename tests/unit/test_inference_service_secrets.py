@@ -30,13 +30,13 @@ def _values(secrets):
 
 
 def test_a_quote_in_a_secret_no_longer_hides_it_from_the_check():
-    """sk'X is shell-quoted 'sk'"'"'X' in command_line: the old check searched that text."""
-    built = build(served_name="sk'X-live-1")
+    """sk'X is shell-quoted 'sk'"'"'X' in command_line: the old check searched that text. (A served
+    name may hold no quote at all now: the argument is a chat template's.)"""
+    built = build(extra_args=["--chat-template", "sk'X-live-1"])
     assert "sk'X-live-1" not in built["command_line"]
-    assert problems({"api_key": "sk'X-live-1"}, served_name="sk'X-live-1") == [
-        "inference_service_secrets.api_key is in the command line (argument 4, the value of --served-model-name "
-        "(inference_service_served_name)), which every user of the host reads in /proc and in the unit file: "
-        "change the secret or that argument."]
+    found = problems({"api_key": "sk'X-live-1"}, extra_args=["--chat-template", "sk'X-live-1"])
+    assert len(found) == 1 and found[0].startswith("inference_service_secrets.api_key is in the command line (argument ")
+    assert "the value of --chat-template (inference_service_extra_args)), which every user of the host reads" in found[0]
 
 
 @pytest.mark.parametrize("secret", ["sk$HOME", "sk%i", "sk\\n", 'sk"X', "sk`id`", "sk;rm", "clé-ü-ключ", "sk X",
