@@ -33,17 +33,19 @@ REPO = Path(__file__).resolve().parents[2]
 SGLANG_ARGS_LINE = "server_args=ServerArgs(model_path='m', api_key=%r, admin_api_key=%r, port=30000)"
 
 
-def vllm_metrics(drafts, draft_tokens, accepted_tokens) -> str:
-    """vLLM's spec decode counters with the given values (any text: "NaN", "+Inf", "-5")."""
-    return "".join("# TYPE vllm:spec_decode_%s counter\nvllm:spec_decode_%s_total{engine=\"0\"} %s\n"
-                   % (name, name, value) for name, value in (("num_drafts", drafts),
-                                                             ("num_draft_tokens", draft_tokens),
-                                                             ("num_accepted_tokens", accepted_tokens)))
+def vllm_metrics(drafts, draft_tokens, accepted_tokens, model="llama") -> str:
+    """vLLM's spec decode counters with the given values (any text: "NaN", "+Inf", "-5"), labelled as
+    vLLM labels them (model: a served name with no character the format escapes)."""
+    return "".join("# TYPE vllm:spec_decode_%s counter\nvllm:spec_decode_%s_total{engine=\"0\",model_name=\"%s\"} %s\n"
+                   % (name, name, model, value) for name, value in (("num_drafts", drafts),
+                                                                    ("num_draft_tokens", draft_tokens),
+                                                                    ("num_accepted_tokens", accepted_tokens)))
 
 
-def sglang_metrics(rate, length) -> str:
-    return ("# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{model_name=\"m\"} %s\n"
-            "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"m\"} %s\n" % (rate, length))
+def sglang_metrics(rate, length, model="llama") -> str:
+    return ("# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{model_name=\"%s\"} %s\n"
+            "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"%s\"} %s\n"
+            % (model, rate, model, length))
 
 
 def serving(name="llama", text=" Paris.") -> dict:
