@@ -570,7 +570,7 @@ def read_body(response, limit, timeout):
     deadline, chunks, size = time.monotonic() + timeout, [], 0
     while size <= limit:
         if time.monotonic() > deadline:
-            raise SlowAnswer("the answer did not end within %s s" % timeout)
+            raise SlowAnswer("the answer did not end within %g s" % timeout)
         # read1: one read of the socket at most, so that the deadline is looked at between them.
         chunk = response.read1(min(65536, limit + 1 - size)) if hasattr(response, "read1") else \
             response.read(min(65536, limit + 1 - size))
