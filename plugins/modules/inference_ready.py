@@ -135,7 +135,7 @@ options:
     default: 0
     version_added: 0.2.0
   request_timeout:
-    description: Seconds one completion or C(/v1/models) request may take.
+    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take (for C(/metrics), its whole answer).
     type: float
     default: 120
   prompt:
