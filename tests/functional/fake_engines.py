@@ -9,8 +9,9 @@ A route is the full request path (query left out) and says what to answer: `stat
 `json` (a value sent as JSON), `text` (sent as it is), `texts` (one after the other, a request each,
 then again from the first) or `body_hex` (bytes, as hex), `content_type`, `headers` (more response
 headers, such as a redirect's Location), `delay` (seconds before the answer), `trickle_s` (seconds
-between the body's bytes, sent one by one), `exit` (the process exits at once, answering nothing,
-as an engine that crashes).
+between the body's bytes, sent one by one), `endless` (the body sent again and again, with no
+length, until the client goes), `exit` (the process exits at once, answering nothing, as an
+engine that crashes).
 Any other path answers 404. The server ends when its stdin closes, which the context
 does on the way out: no test signals it. With `tls` ({"cert": path, "key": path}) it serves HTTPS.
 
@@ -119,11 +120,20 @@ def _handler(routes):
                 body = b""
             self.send_response(route.get("status", 200))
             self.send_header("Content-Type", route.get("content_type", "application/json"))
-            self.send_header("Content-Length", str(len(body)))
+            if route.get("endless"):
+                self.send_header("Connection", "close")
+            else:
+                self.send_header("Content-Length", str(len(body)))
             for name, value in route.get("headers", {}).items():
                 self.send_header(name, value)
             self.end_headers()
-            if route.get("trickle_s"):
+            if route.get("endless"):
+                try:
+                    while True:
+                        self.wfile.write(body)
+                except OSError:  # the client read what it wanted and closed
+                    self.close_connection = True
+            elif route.get("trickle_s"):
                 for byte in body:
                     self.wfile.write(bytes([byte]))
                     self.wfile.flush()

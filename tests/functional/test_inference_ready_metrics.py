@@ -83,14 +83,15 @@ def test_the_counters_of_another_model_name_are_not_the_served_ones():
     assert spec["available"] and spec["acceptance_rate"] == 0.15 and spec["draft_tokens"] == 100, spec
 
 
-def gate_body(body, engine_name="vllm", **route):
+def gate_body(body, engine_name="vllm", module_timeout=180, **route):
     """The module's answer for a /metrics of body (text, or None with route's body_hex)."""
     route = dict({"content_type": "text/plain"}, **route, **({} if body is None else {"text": body}))
     routes = dict(serving(), **{"/metrics": route})
     with fake_engine(routes) as port:
         answer = run_module("inference_ready", {"engine": engine_name, "url": "http://127.0.0.1:%d" % port,
                                                  "served_name": "llama", "wait": 10, "poll_interval": 0.1,
-                                                 "completions": 1, "speculative": True, "request_timeout": 5})
+                                                 "completions": 1, "speculative": True, "request_timeout": 5},
+                            timeout=module_timeout)
     assert answer["rc"] == 0 and answer["state"] == "ready", answer
     text = json.dumps(answer)
     assert "MODULE FAILURE" not in text and "Traceback" not in text, answer
@@ -118,6 +119,13 @@ def test_a_hostile_metrics_body_leaves_the_acceptance_unknown_with_one_sentence(
     spec = gate_body(body)["speculation"]
     assert spec["available"] is False and "acceptance_rate" not in spec and note in spec["note"], spec
     assert "\n" not in spec["note"] and len(spec["note"]) < 300, spec
+
+
+def test_an_endless_metrics_answer_is_read_to_8_mib_only():
+    started = time.monotonic()
+    spec = gate_body('a{m="%s"} 1\n' % ("}" * 65536), endless=True, module_timeout=30)["speculation"]
+    assert spec == {"available": False, "note": "/metrics answered more than 8 MiB, more than an engine's metrics"}
+    assert time.monotonic() - started < 30
 
 
 def test_non_utf8_bytes_and_a_body_that_trickles_in_are_unknown_too():
