@@ -34,7 +34,7 @@ description:
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
     SGLang C(sglang:spec_accept_rate) and C(sglang:spec_accept_length), which need C(--enable-metrics) and read 0,
     unknown here, until C(--decode-log-interval) decode steps have run). Only the samples labelled with O(served_name)
-    (C(model_name), as both engines label them) are read. C(/metrics) is read as the Prometheus text format, strictly:
+    (C(model_name), as both engines label them) are read. C(/metrics) is read strictly as the Prometheus text format;
     an answer that breaks the format anywhere, is not UTF-8, holds more than 8 MiB or 100000 samples, or repeats a
     series leaves the acceptance unknown, with a note.
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
