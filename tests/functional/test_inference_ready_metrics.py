@@ -88,10 +88,9 @@ def gate_body(body, engine_name="vllm", module_timeout=180, **route):
     route = dict({"content_type": "text/plain"}, **route, **({} if body is None else {"text": body}))
     routes = dict(serving(), **{"/metrics": route})
     with fake_engine(routes) as port:
-        answer = run_module("inference_ready", {"engine": engine_name, "url": "http://127.0.0.1:%d" % port,
-                                                 "served_name": "llama", "wait": 10, "poll_interval": 0.1,
-                                                 "completions": 1, "speculative": True, "request_timeout": 5},
-                            timeout=module_timeout)
+        args = {"engine": engine_name, "url": "http://127.0.0.1:%d" % port, "served_name": "llama", "wait": 10,
+                "poll_interval": 0.1, "completions": 1, "speculative": True, "request_timeout": 5}
+        answer = run_module("inference_ready", args, timeout=module_timeout)
     assert answer["rc"] == 0 and answer["state"] == "ready", answer
     text = json.dumps(answer)
     assert "MODULE FAILURE" not in text and "Traceback" not in text, answer
@@ -159,9 +158,9 @@ def test_garbage_bodies_are_one_sentence_never_a_crash_never_a_figure():
     routes = dict(serving(), **{"/metrics": {"texts": bodies, "content_type": "text/plain"}})
     with fake_engine(routes) as port:
         for body in bodies:
-            answer = run_module("inference_ready", {"engine": "vllm", "url": "http://127.0.0.1:%d" % port,
-                                                     "served_name": "llama", "wait": 10, "completions": 1,
-                                                     "speculative": True})
+            args = {"engine": "vllm", "url": "http://127.0.0.1:%d" % port, "served_name": "llama", "wait": 10,
+                    "completions": 1, "speculative": True}
+            answer = run_module("inference_ready", args)
             assert answer["rc"] == 0 and answer["state"] == "ready", answer
             assert "Traceback" not in json.dumps(answer), answer
             spec = answer["speculation"]
