@@ -44,8 +44,10 @@ ENGINES = {
         "health_paths": ("/health",),
         "health_timeout_s": 10.0,
         # /metrics: "counters" (drafts, drafted and accepted tokens since start) or "gauges" (the last window's
-        # acceptance rate and mean acceptance length).
-        "metrics": {"kind": "counters", "shown": "vllm:spec_decode_*", "drafts": "vllm:spec_decode_num_drafts",
+        # acceptance rate and mean acceptance length); model_label: the label that carries the served name
+        # (the gate reads only the samples of its own served name).
+        "metrics": {"kind": "counters", "shown": "vllm:spec_decode_*", "model_label": "model_name",
+                    "drafts": "vllm:spec_decode_num_drafts",
                     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
                     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"},
     },
@@ -66,7 +68,8 @@ ENGINES = {
         # /health runs a one-token generation (up to 20 s under load); /ready answers once the model is loaded.
         "health_paths": ("/health", "/ready"),
         "health_timeout_s": 30.0,
-        "metrics": {"kind": "gauges", "rate": "sglang:spec_accept_rate", "length": "sglang:spec_accept_length"},
+        "metrics": {"kind": "gauges", "model_label": "model_name", "rate": "sglang:spec_accept_rate",
+                    "length": "sglang:spec_accept_length"},
     },
 }
 

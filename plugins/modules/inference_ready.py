@@ -33,7 +33,10 @@ description:
     O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
     SGLang C(sglang:spec_accept_rate) and C(sglang:spec_accept_length), which need C(--enable-metrics) and read 0,
-    unknown here, until C(--decode-log-interval) decode steps have run).
+    unknown here, until C(--decode-log-interval) decode steps have run). Only the samples labelled with O(served_name)
+    (C(model_name), as both engines label them) are read. C(/metrics) is read strictly as the Prometheus text format;
+    an answer that breaks the format anywhere, is not UTF-8, holds more than 8 MiB or 100000 samples, or repeats a
+    series leaves the acceptance unknown, with a note.
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
     until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
   - Changes nothing on the host. C(changed) is always false.
@@ -132,7 +135,7 @@ options:
     default: 0
     version_added: 0.2.0
   request_timeout:
-    description: Seconds one completion or C(/v1/models) request may take.
+    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take (for C(/metrics), its whole answer).
     type: float
     default: 120
   prompt:
@@ -385,6 +388,7 @@ from urllib.parse import urlsplit
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES, NAMES as ENGINE_NAMES
+from ansible_collections.cleanslate.gpu.plugins.module_utils._exposition import ExpositionError, parse as parse_exposition
 from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
@@ -394,7 +398,10 @@ INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 SGLANG_WINDOW_NOTE = ("SGLang has not logged a window of decode steps yet: its sglang:spec_accept_rate and "
                       "spec_accept_length gauges read 0 until --decode-log-interval decode steps (40 by default) have run, "
                       "more than the smoke completions make; lower --decode-log-interval to have them read")
-METRIC_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+# /metrics is the engine's answer, not ours: read this much of it at most. vLLM's holds some
+# hundreds of samples (a few hundred KiB with its histograms).
+METRICS_MAX_BYTES = 8 * 1024 * 1024
+METRICS_MAX_SAMPLES = 100000
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 # How many unreadable pids a sentence names before it says "and N more".
 SHOWN_PIDS = 12
@@ -406,6 +413,10 @@ LEFT_RUNNING = ("slow", "unproven")
 HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 ROOT_PATH = re.compile(r"^(/[A-Za-z0-9._~%+-]+)*/?$")
 URL_FORM = "url must be http(s)://host[:port][/root/path]"
+
+
+class SlowAnswer(HTTPException):
+    """An answer whose body trickles in for longer than the request's timeout."""
 
 
 class GateError(Exception):
@@ -533,9 +544,11 @@ def port_problem(port, unit, unit_cgroup, found):
     return None, None, False
 
 
-def request(params, path, timeout, data=None):
+def request(params, path, timeout, data=None, limit=None):
     """(HTTP status, body) of path under the base URL, or raises URLError/socket errors; HTTP
-    errors return their status."""
+    errors return their status. With limit, at most limit + 1 bytes of the body are read, all
+    within timeout: a longer body is cut there (the caller sees it is too long), and one that
+    trickles in slower raises socket.timeout."""
     headers = {"Accept": "application/json"}
     if params["api_key"]:
         headers["Authorization"] = "Bearer " + params["api_key"]
@@ -546,9 +559,26 @@ def request(params, path, timeout, data=None):
         response = open_url(params["base"] + path, method="POST" if data is not None else "GET", data=data,
                             headers=headers, timeout=timeout, use_proxy=False, follow_redirects="none",
                             validate_certs=params["validate_certs"], ca_path=params["ca_path"] or None)
-        return response.getcode(), response.read()
+        return response.getcode(), read_body(response, limit, timeout)
     except HTTPError as exc:
-        return exc.code, exc.read() if hasattr(exc, "read") else b""
+        return exc.code, read_body(exc, limit, timeout) if hasattr(exc, "read") else b""
+
+
+def read_body(response, limit, timeout):
+    if limit is None:
+        return response.read()
+    deadline, chunks, size = time.monotonic() + timeout, [], 0
+    while size <= limit:
+        if time.monotonic() > deadline:
+            raise SlowAnswer("the answer did not end within %g s" % timeout)
+        # read1: one read of the socket at most, so that the deadline is looked at between them.
+        chunk = response.read1(min(65536, limit + 1 - size)) if hasattr(response, "read1") else \
+            response.read(min(65536, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def seen_error(exc, timeout):
@@ -740,25 +770,28 @@ def smoke(params, mask):
             "completion": mask(texts[0])[:200] if texts else ""}
 
 
-def parse_metrics(text):
-    """{name: [value, ...]} over every label set of the Prometheus text format."""
+def served_values(samples, label, served_name):
+    """({metric name: [value, ...]} over the samples whose `label` is the served name, the names
+    of every sample): the served name is compared with the label's value, as data."""
     values = {}
-    for line in text.splitlines():
-        match = METRIC_LINE.match(line)
-        if not match or line.startswith("#"):
-            continue
-        try:
-            value = float(match.group("value"))
-        except ValueError:
-            continue
-        values.setdefault(match.group("name"), []).append(value)
-    return values
+    for sample in samples:
+        if sample.labels.get(label) == served_name:
+            values.setdefault(sample.name, []).append(sample.value)
+    return values, {sample.name for sample in samples}
 
 
 def counter(values, name):
     """A counter summed over its label sets (engines, data-parallel ranks); exposed with _total."""
     found = values.get(name + "_total", values.get(name))
     return sum(found) if found else None
+
+
+def other_models_note(seen, bases, shown, label, served_name):
+    """The note for metrics that /metrics has for other model names only; None when it has none
+    of them at all."""
+    if any(base in seen or base + "_total" in seen for base in bases):
+        return "/metrics has %s, but none with %s=%r, the served name" % (shown, label, served_name)
+    return None
 
 
 def impossible_counts(counts, names):
@@ -790,13 +823,14 @@ def impossible_gauges(rates, lengths, names):
     return None
 
 
-def from_counters(values, names, stats_off_flag):
+def from_counters(values, names, stats_off_flag, elsewhere=None):
     """Acceptance from counters since the start (drafts, drafted and accepted tokens), as vLLM exposes
-    it: (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note."""
+    it: (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note
+    (`elsewhere` when the counters are there for another model name)."""
     counts = {key: counter(values, names[key]) for key in COUNTERS}
     if counts["draft_tokens"] is None or counts["accepted_tokens"] is None:
-        return {"available": False, "note": "/metrics has no %s counters%s" % (names["shown"], " (is --%s set?)" % (
-            stats_off_flag.replace("_", "-")) if stats_off_flag else "")}, None, None
+        return {"available": False, "note": elsewhere or "/metrics has no %s counters%s" % (
+            names["shown"], " (is --%s set?)" % (stats_off_flag.replace("_", "-")) if stats_off_flag else "")}, None, None
     impossible = impossible_counts(counts, names)
     if impossible:
         return {"available": False, "note": impossible}, None, None
@@ -805,11 +839,12 @@ def from_counters(values, names, stats_off_flag):
     return dict({key: int(value or 0) for key, value in counts.items()}, source="%s counters" % names["shown"]), rate, length
 
 
-def from_gauges(values, names):
+def from_gauges(values, names, elsewhere=None):
     """Acceptance from the last logged window's gauges (rate, mean length), as SGLang exposes it:
-    (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note."""
+    (what to return, acceptance rate, mean acceptance length); unavailable: available false, with a note
+    (`elsewhere` when the gauges are there for another model name)."""
     if names["rate"] not in values:
-        return {"available": False, "note": "/metrics has no %s" % names["rate"]}, None, None
+        return {"available": False, "note": elsewhere or "/metrics has no %s" % names["rate"]}, None, None
     rates = values[names["rate"]]
     lengths = values.get(names["length"], [])
     if any(length == 0 for length in lengths):
@@ -828,17 +863,28 @@ def speculation(params):
     """The acceptance read back from /metrics; unknown (available false, with a note) rather
     than a figure the metrics cannot support."""
     try:
-        status, body = request(params, "/metrics", params["request_timeout"])
+        status, body = request(params, "/metrics", params["request_timeout"], limit=METRICS_MAX_BYTES)
     except (URLError, OSError, HTTPException) as exc:
         return {"available": False, "note": "/metrics: %s" % seen_error(exc, params["request_timeout"])}
     if status != 200:
         return {"available": False, "note": "/metrics answered HTTP %d" % status}
-    values = parse_metrics(body.decode("utf-8", "replace"))
+    if len(body) > METRICS_MAX_BYTES:
+        return {"available": False, "note": "/metrics answered more than %d MiB, more than an engine's metrics"
+                                            % (METRICS_MAX_BYTES // (1024 * 1024))}
+    try:
+        samples, dummy = parse_exposition(body, METRICS_MAX_SAMPLES)
+    except ExpositionError as exc:
+        return {"available": False, "note": "/metrics is not the Prometheus text format (%s)" % exc}
     engine = ENGINES[params["engine"]]
-    if engine["metrics"]["kind"] == "counters":
-        result, rate, length = from_counters(values, engine["metrics"], engine["stats_off_flag"])
+    names = engine["metrics"]
+    values, seen = served_values(samples, names["model_label"], params["served_name"])
+    if names["kind"] == "counters":
+        elsewhere = other_models_note(seen, (names["draft_tokens"], names["accepted_tokens"]),
+                                      "%s counters" % names["shown"], names["model_label"], params["served_name"])
+        result, rate, length = from_counters(values, names, engine["stats_off_flag"], elsewhere)
     else:
-        result, rate, length = from_gauges(values, engine["metrics"])
+        elsewhere = other_models_note(seen, (names["rate"],), names["rate"], names["model_label"], params["served_name"])
+        result, rate, length = from_gauges(values, names, elsewhere)
     if result.get("available") is False:
         return result
     result.update(available=True, acceptance_rate=None if rate is None else round(rate, 4),

@@ -6,9 +6,12 @@ correctly; these answer what a test asks for).
         ...
 
 A route is the full request path (query left out) and says what to answer: `status` (200),
-`json` (a value sent as JSON) or `text` (sent as it is), `content_type`, `headers` (more response
-headers, such as a redirect's Location), `delay` (seconds before
-the answer), `exit` (the process exits at once, answering nothing, as an engine that crashes).
+`json` (a value sent as JSON), `text` (sent as it is), `texts` (one after the other, a request each,
+then again from the first) or `body_hex` (bytes, as hex), `content_type`, `headers` (more response
+headers, such as a redirect's Location), `delay` (seconds before the answer), `trickle_s` (seconds
+between the body's bytes, sent one by one), `endless` (the body sent again and again, with no
+length, until the client goes), `exit` (the process exits at once, answering nothing, as an
+engine that crashes).
 Any other path answers 404. The server ends when its stdin closes, which the context
 does on the way out: no test signals it. With `tls` ({"cert": path, "key": path}) it serves HTTPS.
 
@@ -21,6 +24,7 @@ import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -33,17 +37,19 @@ REPO = Path(__file__).resolve().parents[2]
 SGLANG_ARGS_LINE = "server_args=ServerArgs(model_path='m', api_key=%r, admin_api_key=%r, port=30000)"
 
 
-def vllm_metrics(drafts, draft_tokens, accepted_tokens) -> str:
-    """vLLM's spec decode counters with the given values (any text: "NaN", "+Inf", "-5")."""
-    return "".join("# TYPE vllm:spec_decode_%s counter\nvllm:spec_decode_%s_total{engine=\"0\"} %s\n"
-                   % (name, name, value) for name, value in (("num_drafts", drafts),
-                                                             ("num_draft_tokens", draft_tokens),
-                                                             ("num_accepted_tokens", accepted_tokens)))
+def vllm_metrics(drafts, draft_tokens, accepted_tokens, model="llama") -> str:
+    """vLLM's spec decode counters with the given values (any text: "NaN", "+Inf", "-5"), labelled as
+    vLLM labels them (model: a served name with no character the format escapes)."""
+    return "".join("# TYPE vllm:spec_decode_%s counter\nvllm:spec_decode_%s_total{engine=\"0\",model_name=\"%s\"} %s\n"
+                   % (name, name, model, value) for name, value in (("num_drafts", drafts),
+                                                                    ("num_draft_tokens", draft_tokens),
+                                                                    ("num_accepted_tokens", accepted_tokens)))
 
 
-def sglang_metrics(rate, length) -> str:
-    return ("# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{model_name=\"m\"} %s\n"
-            "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"m\"} %s\n" % (rate, length))
+def sglang_metrics(rate, length, model="llama") -> str:
+    return ("# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate{model_name=\"%s\"} %s\n"
+            "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"%s\"} %s\n"
+            % (model, rate, model, length))
 
 
 def serving(name="llama", text=" Paris.") -> dict:
@@ -63,7 +69,9 @@ def fake_engine(routes: dict, tls: dict | None = None):
 @contextmanager
 def fake_engine_process(routes: dict, tls: dict | None = None):
     """Run a server with these routes; yields (its port, its pid)."""
-    argv = [sys.executable, "-m", "tests.functional.fake_engines", json.dumps(routes)] + (
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:  # more than an argument holds
+        json.dump(routes, handle)
+    argv = [sys.executable, "-m", "tests.functional.fake_engines", "@" + handle.name] + (
         [json.dumps(tls)] if tls else [])
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
@@ -74,6 +82,7 @@ def fake_engine_process(routes: dict, tls: dict | None = None):
     finally:
         proc.stdin.close()  # its watcher thread sees end of file and ends the process
         proc.wait(timeout=30)
+        os.unlink(handle.name)
 
 
 def _handler(routes):
@@ -101,17 +110,36 @@ def _handler(routes):
             time.sleep(route.get("delay", 0))
             if "text" in route:
                 body = route["text"].encode("utf-8")
+            elif "texts" in route:
+                body = route["texts"][(answered[self.path] - 1) % len(route["texts"])].encode("utf-8")
+            elif "body_hex" in route:
+                body = bytes.fromhex(route["body_hex"])
             elif "json" in route:
                 body = json.dumps(route["json"]).encode()
             else:
                 body = b""
             self.send_response(route.get("status", 200))
             self.send_header("Content-Type", route.get("content_type", "application/json"))
-            self.send_header("Content-Length", str(len(body)))
+            if route.get("endless"):
+                self.send_header("Connection", "close")
+            else:
+                self.send_header("Content-Length", str(len(body)))
             for name, value in route.get("headers", {}).items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            if route.get("endless"):
+                try:
+                    while True:
+                        self.wfile.write(body)
+                except OSError:  # the client read what it wanted and closed
+                    self.close_connection = True
+            elif route.get("trickle_s"):
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(route["trickle_s"])
+            else:
+                self.wfile.write(body)
 
         do_GET = do_POST = _answer  # noqa: N815  # http.server's naming
 
@@ -119,7 +147,11 @@ def _handler(routes):
 
 
 def main(argv) -> int:
-    routes = json.loads(argv[0])
+    if argv[0].startswith("@"):
+        with open(argv[0][1:], encoding="utf-8") as handle:
+            routes = json.load(handle)
+    else:
+        routes = json.loads(argv[0])
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(routes))
     server.daemon_threads = True
     if len(argv) > 1:

@@ -196,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
             gauges = dict(state.gauges)
         lines = []
         if state.engine == "vllm":
-            labels = '{engine="0",model_name="%s"}' % state.served
+            labels = '{engine="0",model_name="%s"}' % label_value(state.served)
             lines += ["# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running%s %d" % (labels, state.in_flight)]
             if state.spec_tokens:
                 for key, name in (("drafts", "num_drafts"), ("draft_tokens", "num_draft_tokens"),
@@ -205,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
                               "# TYPE vllm:spec_decode_%s counter" % name,
                               "vllm:spec_decode_%s_total%s %.1f" % (name, labels, counts[key])]
         else:
-            labels = '{model_name="%s"}' % state.served
+            labels = '{model_name="%s"}' % label_value(state.served)
             lines += ["# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs%s %d" % (labels, state.in_flight)]
             if state.spec_tokens:
                 lines += ["# TYPE sglang:spec_accept_rate gauge",
@@ -213,6 +213,12 @@ class Handler(BaseHTTPRequestHandler):
                           "# TYPE sglang:spec_accept_length gauge",
                           "sglang:spec_accept_length%s %.6f" % (labels, gauges["spec_accept_length"])]
         return "\n".join(lines) + "\n"
+
+
+def label_value(text: str) -> str:
+    """A label value as prometheus_client (which both engines use) writes it: \\, " and the line
+    feed escaped, every other character as it is."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
 def make_server(host: str, port: int, state: State) -> ThreadingHTTPServer:
