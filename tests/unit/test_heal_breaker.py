@@ -214,6 +214,10 @@ def test_an_alert_about_another_host_or_unit_is_refused():
         assert problem(other, ours, ["x"]) == \
             "%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)" % (other, named)
     assert "the alert names host 'gpu1\\n'" in problem("gpu1", dict(event, labels={"host": "gpu1\n"}), ["x"])
+    # The comparison is on the alert's own value, never on its text: an inventory name that spells
+    # an escape (or the cut) is not the alert's host.
+    assert "not healed, the alert names host 'gpu1\\u2003'" in problem("gpu1\\u2003", {"labels": {"host": "gpu1\u2003"}}, ["x"])
+    assert "not healed" in problem("g" * 255 + "\u2026", {"labels": {"host": "g" * 300}}, ["x"])
     for junk in ({}, "junk", {"labels": "x"}, {"labels": {"host": ""}}, {"labels": {"host": ["gpu1"]}}, None):
         assert "gpu1: not healed, the alert names no host" in problem("gpu1", junk, ["x"]), junk
 
