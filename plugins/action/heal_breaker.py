@@ -6,7 +6,8 @@
 """The heal playbook's circuit breaker, on the controller (documentation: plugins/modules/heal_breaker.py).
 
 The state is the controller's file, shared by every heal the rulebook starts: the decision, the
-state and the metrics file are all changed under one lock (plugin_utils/_heal_breaker.py)."""
+state and the metrics file are all changed under one lock (plugin_utils/_heal_breaker.py). The
+alert is read raw from the task's variables, never through a template (plugin_utils/_heal_alert.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 from ansible.utils.display import Display
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker, secret_values
+from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import trusted_directory_problem
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _heal_breaker as breaker
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._heal_alert import event_of, raw_field, read_alert
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_spec
 
@@ -29,7 +32,9 @@ ARGUMENT_SPEC = {
     "path": {"type": "str", "default": "/var/lib/cleanslate-gpu/heal_breaker.json"},
     "host": {"type": "str", "required": True},
     "state": {"type": "str", "default": "heal", "choices": ["heal", "closed"]},
-    "alert": {"type": "raw", "default": {}},
+    # The host's secrets mappings (inference_service_secrets, each instance's `secrets`): masked
+    # in whatever of the alert is kept or shown.
+    "secrets": {"type": "list", "elements": "raw", "default": [], "no_log": True},
     # One unit per server of the host (inference_service_instances), or the single service's.
     "configured_units": {"type": "list", "elements": "str"},
     "max_heals": {"type": "raw", "default": 3},
@@ -57,21 +62,6 @@ def _positive(name, value, integer=False, most=LONGEST_S):
     return number
 
 
-def _text(value) -> str:
-    return "" if value is None else str(value)
-
-
-def trigger_of(alert) -> dict:
-    """Who asked for the heal, from the rulebook's event (one Alertmanager alert)."""
-    if not isinstance(alert, Mapping):
-        return {}
-    labels = alert.get("labels") if isinstance(alert.get("labels"), Mapping) else {}
-    meta = alert.get("meta") if isinstance(alert.get("meta"), Mapping) else {}
-    return {"alertname": _text(labels.get("alertname")), "unit": _text(labels.get("unit")),
-            "fingerprint": _text(alert.get("fingerprint")), "starts_at": _text(alert.get("startsAt")),
-            "received_at": _text(meta.get("received_at"))}
-
-
 def check_args(args) -> dict:
     """The options, checked: one sentence per problem."""
     problems = []
@@ -84,8 +74,14 @@ def check_args(args) -> dict:
             continue
         if not os.path.isabs(value) or CONTROL.search(value):
             problems.append("%s %r must be an absolute path on the controller" % (name, value))
-    if args["alert"] is not None and not isinstance(args["alert"], Mapping):
-        problems.append("alert must be the rulebook's event (a mapping), got %r" % (args["alert"],))
+    # Written by root or the rulebook's user: nobody else may choose where (module_utils/_trusted_dirs.py).
+    owners = (os.geteuid(),)
+    for name, directory in (("path", os.path.dirname(args["path"])), ("metrics_dir", args["metrics_dir"])):
+        if problems or not directory:
+            continue
+        unsafe = trusted_directory_problem(directory, owners, missing_ok=True)
+        if unsafe:
+            problems.append("%s: %s" % (name, unsafe))
     limits = {}
     for name, integer, most in (("max_heals", True, 1000), ("window_s", False, LONGEST_S), ("quiet_s", False, LONGEST_S)):
         try:
@@ -97,17 +93,18 @@ def check_args(args) -> dict:
     return limits
 
 
-def target_problem(host, alert, trigger, configured) -> str:
+def target_problem(host, event, trigger, configured) -> str:
     """Why the alert cannot heal `host`: it names another host (or none), or a unit the host is not
-    served with (the heal would reset a host for something the inventory does not manage)."""
-    labels = alert.get("labels") if isinstance(alert, Mapping) and isinstance(alert.get("labels"), Mapping) else {}
-    named = labels.get("host")
-    if named != host:
+    served with (the heal would reset a host for something the inventory does not manage). The
+    alert's raw values are compared exactly; the sentence shows their texts (trigger)."""
+    named, unit = raw_field(event, "host"), raw_field(event, "unit")
+    if not (isinstance(named, str) and named == host):
         return ("%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)"
-                % (host, "host %r" % (named,) if named not in (None, "") else "no host"))
-    if trigger.get("unit") and configured and trigger["unit"] not in configured:
+                % (host, "host '%s'" % trigger["host"] if trigger["host"] else "no host"))
+    if unit not in (None, "") and not (isinstance(unit, str) and unit in configured):
         return ("%s: the alert %s is about %s, but the host serves %s (inference_service_unit, inference_service_instances):"
-                " nothing is healed" % (host, trigger.get("alertname") or "(no name)", trigger["unit"], ", ".join(configured)))
+                " nothing is healed" % (host, trigger["alertname"] or "(no name)", trigger["unit"] or "a unit that is not text",
+                                        ", ".join(configured)))
     return ""
 
 
@@ -117,11 +114,14 @@ class ActionModule(ControllerAction):
     def act(self, args, task_vars, result):
         limits = check_args(args)
         path, host, now = args["path"], args["host"], time.time()
-        trigger = trigger_of(args["alert"])
+        event = event_of(task_vars)
+        mask = Masker([value for secrets in args["secrets"] for dummy, value in secret_values(secrets)])
+        fields = read_alert(event, mask)
+        trigger = {name: text for name, text in fields.items() if name != "host"}
         # A server without a unit of its own runs under the role's default unit.
         default_unit = load_spec("inference_service")["inference_service_unit"]["default"]
         configured = [unit or default_unit for unit in args["configured_units"] or [""]]
-        refused = target_problem(host, args["alert"], trigger, configured) if args["state"] == "heal" else ""
+        refused = target_problem(host, event, fields, configured) if args["state"] == "heal" else ""
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
         if refused:
             result.update(allowed=False, open=False, opened=False, reason=refused)
@@ -155,7 +155,8 @@ class ActionModule(ControllerAction):
                         # The decision stands: a metrics file is a record, not the breaker.
                         display.warning("heal_breaker: cannot write %s/%s: %s" % (args["metrics_dir"], breaker.METRICS_FILE, exc))
         except breaker.BreakerError as exc:
-            raise AnsibleActionFail(str(exc)) from exc
+            # Not chained: ansible-core would append the cause's sentence, which ours already holds.
+            raise AnsibleActionFail(str(exc)) from None
         if result.get("opened"):
             # The log line a human alert can fire on (also the metric cleanslate_gpu_heal_breaker_open).
             display.warning("cleanslate.gpu heal breaker opened: %s" % result["reason"])

@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker, secret_values as _secret_values
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
     executable_path, not_texts, served_name_fault, unit_fault, value_sentence)
@@ -165,17 +165,6 @@ def secret_masker(secrets):
     it would turn every letter it matches in the sentences to stars."""
     return Masker([value for dummy, value in _secret_values(secrets if isinstance(secrets, Mapping) else {})
                    if len(value) >= SECRET_MIN_CHARS])
-
-
-def _secret_values(secrets: Mapping) -> list:
-    """[(its name in the role's variables, value)] of every secret that is set."""
-    named = [(key, secrets.get(key)) for key in ("api_key", "hf_token", "admin_api_key")]
-    environment = secrets.get("environment")
-    if isinstance(environment, Mapping):
-        named += [("environment.%s" % name, value) for name, value in environment.items()]
-    # YAML reads an all-digit secret as a number; a mapping or list here was refused by the type check.
-    return [(name, str(value)) for name, value in named
-            if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value) != ""]
 
 
 def _forms(value: str) -> set:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from urllib.parse import quote, quote_plus
 
 MARK = "********"
@@ -70,3 +71,18 @@ class Masker:
         if isinstance(value, (list, tuple)):
             return [self(item) for item in value]
         return value
+
+
+def secret_values(secrets) -> list:
+    """[(its name in the role's variables, value)] of every secret a `secrets` mapping of the
+    inference_service role (inference_service_secrets, an instance's `secrets`) sets; [] for
+    anything that is not a mapping."""
+    if not isinstance(secrets, Mapping):
+        return []
+    named = [(key, secrets.get(key)) for key in ("api_key", "hf_token", "admin_api_key")]
+    environment = secrets.get("environment")
+    if isinstance(environment, Mapping):
+        named += [("environment.%s" % name, value) for name, value in environment.items()]
+    # YAML reads an all-digit secret as a number; a mapping or list here was refused by the type check.
+    return [(name, str(value)) for name, value in named
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value) != ""]

@@ -13,11 +13,22 @@ version_added: 0.2.0
 description:
   - The first task of the self-healing playbook C(cleanslate.gpu.heal) (docs/self_healing.md). Runs entirely on the
     controller; it never connects to a target.
-  - With O(state=heal), refuses the heal when the alert (O(alert), the rulebook's event) names another host than
-    O(host), or none, or names a C(unit) label other than the unit the host is served with; then counts it against the
-    host's circuit breaker. At most O(max_heals) heals within O(window_s) seconds; the next request opens the breaker,
-    and every request while it is open is refused and starts the quiet period again. An open breaker closes at the
-    first request O(quiet_s) seconds or more after the previous one, or with O(state=closed).
+  - With O(state=heal), refuses the heal when the alert (the rulebook's event, the variable C(ansible_eda.event))
+    names another host than O(host), or none, or names a C(unit) label other than the unit the host is served with;
+    then counts it against the host's circuit breaker. At most O(max_heals) heals within O(window_s) seconds; the next
+    request opens the breaker, and every request while it is open is refused and starts the quiet period again. An
+    open breaker closes at the first request O(quiet_s) seconds or more after the previous one, or with
+    O(state=closed).
+  - The alert is untrusted and never templated; pass nothing of it as an option. The action reads the event from its
+    variables raw, and only its C(labels) (C(host), C(alertname), C(unit)), C(fingerprint), C(startsAt) and
+    C(meta.received_at); anything else is ignored. Each is kept as plain text by one rule, a value that is not a string
+    is empty, every secret of O(secrets) is masked, each character that is not printable (controls, newlines, format
+    and surrogate characters, any space but U+0020) is written as its Python escape (C(\n), C(\u2003)), and the text
+    is cut to 256 characters, the last one an ellipsis. The comparisons with O(host) and O(configured_units) are made
+    on the alert's exact values.
+  - The directory of O(path) and O(metrics_dir), and each directory above them, must be real directories (no symbolic
+    link) owned by root or by the user running the play, writable by no one else (a sticky directory such as C(/tmp)
+    may be above them); otherwise the task fails with one sentence naming the directory at fault, in check mode too.
   - The state is one JSON file, O(path), changed under an exclusive lock (a C(.lock) file beside it) and written to a
     temporary name that is renamed over it, so heals of different hosts running at once never lose a count. A file
     that is not a breaker state is never overwritten; the task fails with one sentence naming it.
@@ -51,12 +62,15 @@ options:
     type: str
     choices: [heal, closed]
     default: heal
-  alert:
+  secrets:
     description:
-      - The alert that asks for the heal, as the rulebook passes it (C(ansible_eda.event)). Its C(labels) (C(host),
-        C(alertname), C(unit)), C(fingerprint), C(startsAt) and C(meta.received_at) are read; anything else is ignored.
-    type: raw
-    default: {}
+      - The host's secrets, masked in everything kept of the alert (the result, the state, the metrics and so the
+        report), in every form a program prints them; each item a mapping of the role C(cleanslate.gpu.inference_service)'s
+        secrets (C(inference_service_secrets), an instance's C(secrets)), whose C(api_key), C(hf_token),
+        C(admin_api_key) and C(environment) values are masked. Anything else is ignored.
+    type: list
+    elements: raw
+    default: []
   configured_units:
     description:
       - The units the host is served with, one per server (its C(inference_service_instances)' units, or its
@@ -88,7 +102,8 @@ EXAMPLES = r"""
 - name: Count the heal against the host's circuit breaker
   cleanslate.gpu.heal_breaker:
     host: "{{ inventory_hostname }}"
-    alert: "{{ ansible_eda.event | default({}) }}"
+    # The alert is read from ansible_eda.event by the action itself: never template it here.
+    secrets: "{{ [inference_service_secrets | default({})] }}"
     max_heals: 3
     window_s: 3600
   delegate_to: localhost
@@ -134,7 +149,7 @@ reason:
   sample: gpu-node-07 was healed 3 times within 3600 s, the breaker is open, healing it stopped and the node is left as it is
     for a human
 trigger:
-  description: Who asked for the heal, from O(alert).
+  description: Who asked for the heal, from the alert, each field plain text by the rule above.
   returned: success
   type: dict
   sample: {"alertname": "CleanslateGpuEngineDown", "fingerprint": "5c3a1e2f9d0b7a64", "unit": "", "starts_at": "2026-12-02T01:00:00Z",

@@ -17,6 +17,7 @@ import yaml
 from tests.integration.heal import REPO, Rulebook, alert, payload
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+CANARY = "sk-canary-heal-7Qx2v9"
 
 
 def wait_until(what, probe, timeout=120):
@@ -35,11 +36,14 @@ def loop(tmp_path_factory):
     inventory.mkdir()
     (workdir / "metrics").mkdir()
     (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"gpu_nodes": {
-        "hosts": {"node1": None, "node2": None, "node3": None},
+        # node3 to node5 carry a canary key (for the hostile alerts); node8 is in heal_hosts only.
+        "hosts": {"node1": None, "node2": None, "node3": {"inference_service_secrets": {"hf_token": CANARY}},
+                  "node4": {"inference_service_secrets": {"api_key": CANARY}},
+                  "node5": {"inference_service_instances": [{"unit": "vllm-a.service", "secrets": {"api_key": CANARY}}]}},
         "vars": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_python_interpreter": "/usr/bin/python3",
                  "heal_state_path": str(workdir / "state" / "breaker.json"),
                  "heal_metrics_dir": str(workdir / "metrics"), "fleet_report_path": str(workdir / "reports")}}}}}))
-    rulebook = Rulebook(workdir, inventory, hosts=["node1", "node2"])
+    rulebook = Rulebook(workdir, inventory, hosts=["node1", "node2", "node4", "node5", "node8"])
     rulebook.workdir, rulebook.inventory = workdir, inventory
     try:
         yield rulebook
@@ -160,3 +164,73 @@ def test_the_close_command_forgets_the_hosts_heals_and_touches_nothing_else(loop
     assert after["node2"]["heals"], after  # another host's count is kept
     metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
     assert 'cleanslate_gpu_heal_recent_heals{host="node1"} 0' in metrics, metrics
+
+
+def hostile_text(ran: Path) -> str:
+    """Template code in both forms ansible-core runs, each host's secrets by name (written to render
+    on any host), and what the rule escapes."""
+    return ("{{ lookup('pipe', 'touch %s') }}{%% set x = lookup('pipe', 'touch %s') %%}"
+            "{{ inference_service_secrets.api_key | default('') }}"
+            "{{ ((inference_service_instances | default([{}]) | first).secrets | default({})).api_key | default('') }}"
+            "\u2003\n}\"'" % (ran, ran))
+
+
+def shown(ran: Path, times=1) -> str:
+    """hostile_text as the heal keeps it (docs/self_healing.md): the literal text, U+2003 and the
+    newline escaped, cut to 256 characters (the last one an ellipsis)."""
+    text = hostile_text(ran).replace("\u2003", "\\u2003").replace("\n", "\\n") * times
+    return text if len(text) <= 256 else text[:255] + "\u2026"
+
+
+def hostile_alert(host, ran, **labels) -> dict:
+    """Hostile text in every field the rule lets through (it reads only status, host, alertname, cleanslate_heal)."""
+    text = hostile_text(ran)
+    return {"status": "firing", "startsAt": text, "endsAt": text, "generatorURL": text, "fingerprint": text * 2,
+            "labels": dict({"alertname": text, "host": host, "cleanslate_heal": "true", "instance": text, "severity": text,
+                            text[:40]: text}, **labels),
+            "annotations": {"summary": text, "description": text}}
+
+
+def everything_written(loop) -> str:
+    files = [path for folder in ("state", "metrics", "reports") for path in (loop.workdir / folder).rglob("*") if path.is_file()]
+    return "".join(path.read_text(errors="replace") for path in files) + loop.text()
+
+
+def test_a_hostile_alert_runs_no_template_and_copies_no_secret(loop):
+    """Issue 35, 1 and 2: template code in every field of alerts the rule lets through, posted to
+    the rulebook, and (at the same time, to save the wall time) the same trust path without it:
+    extra vars from a file, `ansible-playbook heal.yml -e @event.json`, whose alert also carries the
+    key itself. On main the lookups ran, as the controller's user, and the canary key reached the
+    breaker's state, the metrics, the reports and the rulebook's output."""
+    ran, before = loop.workdir / "ran-by-an-alert", loop.finished()
+    event = hostile_alert("node3", ran)
+    event["labels"]["alertname"] = "Custom " + CANARY
+    (loop.workdir / "event.json").write_text(json.dumps({"ansible_eda": {"event": event}}))
+    by_hand = subprocess.Popen(  # pylint: disable=consider-using-with
+        [ANSIBLE_PLAYBOOK, "playbooks/heal.yml", "-i", str(loop.inventory), "-l", "node3", "-v",
+         "-e", "@%s" % (loop.workdir / "event.json")], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    loop.post(payload(hostile_alert("node4", ran),
+                      # Refused (a unit node5 is not served with), its sentence showing the unit's text.
+                      hostile_alert("node5", ran, alertname="CleanslateGpuEngineDown", unit=hostile_text(ran)),
+                      # In heal_hosts, not in the inventory: the run matches no host and ends.
+                      alert("node8")))
+    output = by_hand.communicate(timeout=300)[0]
+    wait_until("the three runs", lambda: loop.finished() >= before + 3)
+    assert not ran.exists()
+    assert CANARY not in everything_written(loop) + output, output[-3000:]
+    # The literal text, by the rule, wherever it is kept.
+    (heal,) = state(loop)["node4"]["heals"]
+    assert heal["alertname"] == shown(ran) and heal.get("starts_at") == shown(ran) and heal["fingerprint"] == shown(ran, 2)
+    reports = [json.loads(path.read_text()) for path in (loop.workdir / "reports").glob("reset_and_serve-*.json")]
+    (trigger,) = [report["trigger"] for report in reports if report.get("trigger", {}).get("alertname") == shown(ran)]
+    assert trigger["fingerprint"] == heal["fingerprint"], trigger
+    assert "lookup('pipe', 'touch %s')" % ran in (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
+    assert "node5: the alert CleanslateGpuEngineDown is about {{ lookup('pipe', 'touch %s') }}" % ran in loop.text()
+    assert "node5" not in state(loop)
+    assert "Could not match supplied host pattern, ignoring: node8" in loop.text() and "node8" not in state(loop)
+    assert loop.alive()
+    # The event file's run: the key the alert carried is masked.
+    (heal,) = state(loop)["node3"]["heals"]
+    assert heal["alertname"] == "Custom ********" and heal["fingerprint"] == shown(ran, 2)
+    assert "Triggered by cleanslate.gpu.heal: alertname Custom ********, fingerprint {{ lookup('pipe', 'touch %s') }}" % ran \
+        in output, output[-3000:]

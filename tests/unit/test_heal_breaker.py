@@ -12,9 +12,12 @@ import pytest
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.action import heal_breaker as action
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import parse
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _heal_breaker as breaker
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._heal_alert import read_alert
 
+NO_SECRETS = Masker([])
 TRIGGER = {"alertname": "CleanslateGpuEngineDown", "fingerprint": "ab12", "unit": "", "received_at": "x"}
 
 
@@ -144,7 +147,7 @@ def test_a_state_file_that_is_not_the_breakers_is_never_overwritten(tmp_path):
 
 
 def args(**changes):
-    values = {"path": "/var/lib/cleanslate-gpu/heal_breaker.json", "host": "gpu1", "state": "heal", "alert": {},
+    values = {"path": "/var/lib/cleanslate-gpu/heal_breaker.json", "host": "gpu1", "state": "heal", "secrets": [],
               "configured_units": None, "max_heals": 3, "window_s": 3600, "quiet_s": 3600,
               "metrics_dir": "/var/lib/prometheus/node-exporter"}
     values.update(changes)
@@ -168,7 +171,6 @@ def test_bad_numbers_are_refused_naming_the_option(name, value):
 @pytest.mark.parametrize("name, value", [
     ("host", ""), ("host", "  "), ("host", "gpu1\nrm -rf /"), ("host", "a\x00b"),
     ("path", "state.json"), ("path", ""), ("path", "/tmp/x\nnew"), ("metrics_dir", "relative/dir"),
-    ("alert", "CleanslateGpuEngineDown"), ("alert", [1, 2]),
 ])
 def test_bad_names_and_paths_are_refused_naming_the_option(name, value):
     with pytest.raises(AnsibleActionFail) as caught:
@@ -184,28 +186,40 @@ def test_good_options_pass_with_strings_from_jinja():
 def test_an_alert_about_another_host_or_unit_is_refused():
     event = {"labels": {"alertname": "CleanslateGpuServerDown", "unit": "other.service", "host": "gpu1"},
              "fingerprint": "f1", "meta": {"received_at": "t"}}
-    trigger = action.trigger_of(event)
-    assert trigger == {"alertname": "CleanslateGpuServerDown", "unit": "other.service", "fingerprint": "f1",
-                       "starts_at": "", "received_at": "t"}
-    problem = action.target_problem("gpu1", event, trigger, ["inference-server.service"])
-    assert "is about other.service, but the host serves inference-server.service (" in problem
-    ours = dict(trigger, unit="inference-server.service")
-    assert action.target_problem("gpu1", event, ours, ["inference-server.service"]) == ""
-    assert action.target_problem("gpu1", event, dict(trigger, unit=""), ["inference-server.service"]) == ""
+
+    def problem(host, event, served):
+        return action.target_problem(host, event, read_alert(event, NO_SECRETS), served)
+
+    assert read_alert(event, NO_SECRETS) == {"host": "gpu1", "alertname": "CleanslateGpuServerDown", "unit": "other.service",
+                                             "fingerprint": "f1", "starts_at": "", "received_at": "t"}
+    assert "is about other.service, but the host serves inference-server.service (" in \
+        problem("gpu1", event, ["inference-server.service"])
+
+    def about(unit):
+        return dict(event, labels=dict(event["labels"], unit=unit))
+
+    assert problem("gpu1", about("inference-server.service"), ["inference-server.service"]) == ""
+    assert problem("gpu1", about(""), ["inference-server.service"]) == ""
     # A host with several servers: an alert about any of them may heal it, about none of them not,
-    # nor about a unit whose name only contains one of theirs.
+    # nor about a unit whose name only contains one of theirs, nor a unit label that is no text.
     served = ["vllm-a.service", "vllm-b.service"]
-    assert action.target_problem("gpu1", event, dict(trigger, unit="vllm-b.service"), served) == ""
-    for stranger in ("vllm-c.service", "vllm-a", "vllm-a.service.d", "vllm-a.service vllm-b.service"):
-        assert "but the host serves vllm-a.service, vllm-b.service" in \
-            action.target_problem("gpu1", event, dict(trigger, unit=stranger), served), stranger
+    assert problem("gpu1", about("vllm-b.service"), served) == ""
+    for stranger in ("vllm-c.service", "vllm-a", "vllm-a.service.d", "vllm-a.service vllm-b.service", "vllm-a.service\n"):
+        assert "but the host serves vllm-a.service, vllm-b.service" in problem("gpu1", about(stranger), served), stranger
+    for junk in (["vllm-a.service"], 5, {"vllm-a.service": 1}):
+        assert "is about a unit that is not text, but the host serves" in problem("gpu1", about(junk), served), junk
     # Another host, no host, a host that differs by a space or a newline, no event at all.
+    ours = about("x")
     for other, named in (("gpu2", "host 'gpu1'"), ("gpu1 ", "host 'gpu1'")):
-        assert action.target_problem(other, event, ours, ["x"]) == \
+        assert problem(other, ours, ["x"]) == \
             "%s: not healed, the alert names %s (heal.yml heals only the host of the rulebook's event, ansible_eda.event)" % (other, named)
+    assert "the alert names host 'gpu1\\n'" in problem("gpu1", dict(event, labels={"host": "gpu1\n"}), ["x"])
+    # The comparison is on the alert's own value, never on its text: an inventory name that spells
+    # an escape (or the cut) is not the alert's host.
+    assert "not healed, the alert names host 'gpu1\\u2003'" in problem("gpu1\\u2003", {"labels": {"host": "gpu1\u2003"}}, ["x"])
+    assert "not healed" in problem("g" * 255 + "\u2026", {"labels": {"host": "g" * 300}}, ["x"])
     for junk in ({}, "junk", {"labels": "x"}, {"labels": {"host": ""}}, {"labels": {"host": ["gpu1"]}}, None):
-        assert "gpu1: not healed, the alert names" in action.target_problem("gpu1", junk, action.trigger_of(junk), ["x"]), junk
-    assert action.trigger_of("junk") == {} and action.trigger_of({"labels": "x"})["alertname"] == ""
+        assert "gpu1: not healed, the alert names no host" in problem("gpu1", junk, ["x"]), junk
 
 
 def test_an_alert_that_began_before_the_last_heal_is_answered_already():
