@@ -18,7 +18,7 @@ description:
     safe (owned by root and writable by root alone, and so each directory above it, none of them a symbolic link, not
     in a non-root user's home) or unsafe, with the reason. A missing directory is reported C(missing) only when the
     nearest existing one above it passes the same rule.
-  - The unit: whether C(/etc/systemd/system/<unit>) is absent, a file the role wrote (its first line is O(marker)),
+  - For the unit, whether C(/etc/systemd/system/<unit>) is absent, a file the role wrote (its first line is O(marker)),
     another file, or a symbolic link (and its target); a unit file of the same name in C(/run/systemd/system),
     C(/usr/local/lib/systemd/system), C(/usr/lib/systemd/system) or C(/lib/systemd/system); whether systemd has the
     unit loaded; which other units in C(/etc/systemd/system) the role wrote and still run; the systemd version.
