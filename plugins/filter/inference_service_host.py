@@ -7,8 +7,9 @@
 
 The role's host look (roles/inference_service/tasks/validate.yml, the module
 cleanslate.gpu.inference_host) returns facts, never a decision; this filter decides, so that
-the rules live in Python beside their tests instead of in a Jinja message. The rules that matter most are about the unit: the role writes, stops and restarts only
-a unit it wrote itself (the first line of its file is the role's marker). A hostile run found
+the rules live in Python beside their tests instead of in a Jinja message. The rules that
+matter most are about the unit: the role writes, stops and restarts only a unit it wrote
+itself (the first line of its file is the role's marker). A hostile run found
 `inference_service_unit: billing.service` (a running, hand-written unit) stopped and its file
 overwritten without a backup, and `ssh.service` accepted as well."""
 

@@ -37,7 +37,7 @@ def _homes():
         home = os.path.normpath(entry.pw_dir or "/")
         if entry.pw_uid == 0 or home == "/" or not os.path.isabs(home) or not os.path.isdir(home):
             continue
-        for spelled in {home, os.path.realpath(home)}:
+        for spelled in sorted({home, os.path.realpath(home)}):
             if spelled != "/":
                 found.append((spelled, entry.pw_name))
     return found

@@ -39,7 +39,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     details:
-      - The same look: it reads only.
+      - The same look, since it reads only.
   diff_mode:
     support: none
 options:

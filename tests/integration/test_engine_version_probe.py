@@ -194,8 +194,8 @@ def hostile_cases(tmp_path: Path) -> dict:
     # Metadata that Ansible would template if it were ever rendered (the module's own tests,
     # tests/functional/test_inference_host.py, hold the other garbage: huge, non-UTF-8, missing, a link).
     template = b"Metadata-Version: 2.1\nName: vllm\nVersion: {{ lookup('pipe', 'touch %s') }}\n" % bytes(ran / "t")
-    cases["template"] = {"inference_service_venv": str(light_engine(tmp_path / "template", "vllm-0.32.0.dist-info",
-                                                                     template))}
+    templated = light_engine(tmp_path / "template", "vllm-0.32.0.dist-info", template)
+    cases["template"] = {"inference_service_venv": str(templated)}
     # Two host problems: the report keeps them as two lines.
     cases["two"] = {"inference_service_executable": str(tmp_path / "none" / "vllm"),
                     "inference_service_engine_version": "0.32.0", "inference_service_config_dir": str(shared)}

@@ -105,8 +105,8 @@ def test_a_missing_directory_is_fine_the_role_creates_it():
     assert problems(facts(config_dir="missing")) == []
 
 
-@pytest.mark.parametrize("found, settings", [("executable", SETTINGS), (None, SETTINGS), (["executable", "user"], SETTINGS),
-                                            (facts(), "vllm.service")])
+@pytest.mark.parametrize("found, settings", [("executable", SETTINGS), (None, SETTINGS),
+                                             (["executable", "user"], SETTINGS), (facts(), "vllm.service")])
 def test_wrong_shapes_are_a_type_error_not_a_silent_pass(found, settings):
     with pytest.raises(TypeError):
         inference_service_host_problems(found, settings)
