@@ -5,10 +5,11 @@
 
 """What the inference_service role found on the host before touching it, turned into refusals.
 
-The role's host check (roles/inference_service/tasks/validate.yml) prints one fact per line;
-this filter decides, so that the rules live in Python beside their tests instead of in a Jinja
-message. The rules that matter most are about the unit: the role writes, stops and restarts only
-a unit it wrote itself (the first line of its file is the role's marker). A hostile run found
+The role's host look (roles/inference_service/tasks/validate.yml, the module
+cleanslate.gpu.inference_host) returns facts, never a decision; this filter decides, so that
+the rules live in Python beside their tests instead of in a Jinja message. The rules that
+matter most are about the unit: the role writes, stops and restarts only a unit it wrote
+itself (the first line of its file is the role's marker). A hostile run found
 `inference_service_unit: billing.service` (a running, hand-written unit) stopped and its file
 overwritten without a backup, and `ssh.service` accepted as well."""
 
@@ -27,49 +28,41 @@ SYSTEM_STEMS = frozenset((
     "docker", "containerd", "kubelet", "lxc", "lxcfs", "qemu-server", "corosync", "apparmor", "auditd"))
 SYSTEM_PREFIXES = ("systemd-", "getty@", "serial-getty@", "container-getty@", "console-getty", "user@",
                    "user-runtime-dir@", "pve", "ceph-")
-# What the host check prints (validate.yml): a bare word, or NAME=VALUE.
-FLAGS = ("executable", "user", "config_dir", "config_dir_missing")
 
 
-def _facts(lines) -> tuple:
-    words, values = set(), {}
-    for line in lines:
-        line = str(line)
-        if "=" in line:
-            name, value = line.split("=", 1)
-            values.setdefault(name, []).append(value)
-        else:
-            words.add(line)
-    return words, values
+def _part(facts, key) -> Mapping:
+    value = facts.get(key)
+    return value if isinstance(value, Mapping) else {}
 
 
-def unit_refusals(unit: str, adopt: bool, words: set, values: dict, declared=()) -> list:
-    """Why the role may not write, stop or restart `unit` on this host ([] when it may)."""
+def unit_refusals(unit: str, adopt: bool, found: Mapping, active, declared=()) -> list:
+    """Why the role may not write, stop or restart `unit` on this host ([] when it may): `found` is
+    the host look's `unit`, `active` its `managed_active`."""
     problems = []
     stem = unit[: -len(".service")] if unit.endswith(".service") else unit
     if stem in SYSTEM_STEMS or stem.startswith(SYSTEM_PREFIXES):
         return ["inference_service_unit %s is a system unit: the role never writes, stops or restarts it "
                 "(name the inference server's own unit, e.g. vllm.service)" % unit]
-    vendor = values.get("unit_vendor", [])
-    state = (values.get("unit_file") or ["absent"])[0]
+    vendor = found.get("elsewhere") or ""
+    state = found.get("file") or "absent"
     if vendor:
         problems.append("inference_service_unit %s has a unit file outside /etc/systemd/system (%s), installed by "
                         "a package or by hand: the role never overrides it; name the inference server's own unit"
-                        % (unit, vendor[0]))
+                        % (unit, vendor))
     elif state == "symlink":
         problems.append("/etc/systemd/system/%s is a symbolic link (to %s), not a unit file this role wrote: a "
                         "masked unit or another unit's file; the role never replaces it"
-                        % (unit, (values.get("unit_link") or ["?"])[0]))
+                        % (unit, found.get("link") or "?"))
     elif state == "foreign" and not adopt:
         problems.append("/etc/systemd/system/%s exists and this role did not write it (its first line is not the "
                         "role's marker): the role does not stop, overwrite or restart it; set "
                         "inference_service_adopt_unit: true to let the role take it over (the old file is kept "
                         "as a backup beside it)" % unit)
-    elif state == "absent" and "unit_loaded" in words:
+    elif state == "absent" and found.get("loaded") is True:
         problems.append("inference_service_unit %s is loaded by systemd but has no file in /etc/systemd/system (a "
                         "runtime, transient or generated unit): not one this role wrote" % unit)
     # The host's other instances (inference_service_instances) are declared: their resets are scoped apart.
-    for other in [name for name in values.get("managed_active", []) if name not in declared]:
+    for other in [str(name) for name in active or [] if str(name) not in declared]:
         problems.append("%s, a unit this role wrote earlier, still runs but the inventory now declares %s: a "
                         "reset would kill its GPU workers from under it; stop it first (systemctl disable --now "
                         "%s), or declare it as inference_service_unit or in inference_service_instances"
@@ -77,24 +70,27 @@ def unit_refusals(unit: str, adopt: bool, words: set, values: dict, declared=())
     return problems
 
 
-def inference_service_host_problems(lines, settings):
-    """Sentences that refuse this host before anything is touched, [] when it may be served."""
+def inference_service_host_problems(facts, settings):
+    """Sentences that refuse this host before anything is touched, [] when it may be served. `facts`
+    is what the module cleanslate.gpu.inference_host returned; a fact it did not return refuses."""
     if not isinstance(settings, Mapping):
         raise TypeError("inference_service_host_problems expects the role's settings as a mapping")
-    if isinstance(lines, (str, bytes)) or not hasattr(lines, "__iter__"):
-        raise TypeError("inference_service_host_problems expects the host check's lines as a list")
-    words, values = _facts(lines)
+    if not isinstance(facts, Mapping):
+        raise TypeError("inference_service_host_problems expects the result of cleanslate.gpu.inference_host, a mapping")
     problems = []
-    if "executable" not in words:
+    if _part(facts, "executable").get("usable") is not True:
         problems.append("the executable %s does not exist or is not executable (set inference_service_executable "
                         "or inference_service_venv)" % settings.get("executable"))
-    if "user" not in words:
+    if _part(facts, "user").get("exists") is not True:
         problems.append("the user %s does not exist (inference_service_user)" % settings.get("user"))
-    if not words & {"config_dir", "config_dir_missing"}:
+    config_dir = _part(facts, "config_dir")
+    if config_dir.get("state") not in ("safe", "missing"):
         problems.append("inference_service_config_dir %s is not a directory that root owns and only root may "
-                        "write: it would hold the secrets, and the role changes no existing directory"
-                        % settings.get("config_dir"))
-    problems += unit_refusals(str(settings.get("unit", "")), bool(settings.get("adopt_unit")), words, values,
+                        "write: it would hold the secrets, and the role changes no existing directory (%s)"
+                        % (settings.get("config_dir"), config_dir.get("problem") or "the host did not say"))
+    active = facts.get("managed_active")
+    problems += unit_refusals(str(settings.get("unit", "")), bool(settings.get("adopt_unit")), _part(facts, "unit"),
+                              active if isinstance(active, list) else [],
                               [str(name) for name in settings.get("instance_units") or []])
     return problems
 

