@@ -224,7 +224,7 @@ def _neighbours_secrets(index: int, items: list, single: Mapping) -> list:
         if other == index or not isinstance(neighbour, Mapping) or not isinstance(neighbour.get("secrets"), Mapping) \
                 or neighbour.get("secrets") == _secrets(item, single):
             continue
-        named = [(name, value) for name, value in _secret_values(neighbour["secrets"])]
+        named = list(_secret_values(neighbour["secrets"]))
         problems += [_renamed(problem, "%s[%d]" % (VARIABLE, index)).replace(
             "%s[%d].secrets." % (VARIABLE, index), "%s[%d].secrets." % (VARIABLE, other))
             for problem in visible_secret_problems(merged, named)]

@@ -55,7 +55,7 @@ def _home_of(path: str) -> str:
         home = os.path.normpath(entry.pw_dir or "/")
         if entry.pw_uid == 0 or home == "/" or not os.path.isabs(home) or not os.path.isdir(home):
             continue
-        for spelled in {home, os.path.realpath(home)}:
+        for spelled in sorted({home, os.path.realpath(home)}):
             if spelled != "/" and (path == spelled or path.startswith(spelled + "/")):
                 return "it lies in the home of the user %s (%s)" % (printable(entry.pw_name), printable(home))
     return ""

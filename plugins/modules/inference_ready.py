@@ -24,7 +24,7 @@ description:
     says so (the server is not to be reset for it); for a server this run did not start (O(started) false) the gate
     ends at once with RV(state) V(unproven), and for one it started it fails.
   - With O(unit) and O(started) false, a server that accepts the connection but does not answer within
-    O(health_timeout) ends the gate at once with RV(state) V(slow): no restart is coming that could change it, and
+    O(health_timeout) ends the gate at once with RV(state) V(slow), since no restart is coming that could change it, and
     waiting for O(timeout) would only report it failed.
   - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
     seconds after the server first answered. Every failure with O(unit) returns the journal lines of the invocation

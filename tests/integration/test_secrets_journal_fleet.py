@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import secrets as random_secrets
-from pathlib import Path
 
 import pytest
 import yaml

@@ -98,3 +98,31 @@ def test_gpu_proof_names_every_wheel_the_gpu_machine_lacks():
     assert "make gpu-wheels" in (REPO / "tests" / "gpu" / "run.sh").read_text()
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^gpu-wheels:\n\ttools/gpu_wheels\.sh$", makefile, re.M), "make gpu-wheels does not run the script"
+
+
+NAMED_TEST = re.compile(r"`((?:tests/[^`\s:]+\.py)?)::(test_\w+)`")
+
+
+def missing_tests(text: str) -> list:
+    """The `tests/x.py::test_name` (or `::test_name`, of the file named last) that a page quotes
+    and that file does not define."""
+    missing, last = [], None
+    for path, name in NAMED_TEST.findall(text):
+        last = path or last
+        source = (REPO / last).read_text() if last and (REPO / last).exists() else ""
+        if not re.search(r"^(?:async )?def %s\(" % re.escape(name), source, re.M):
+            missing.append("%s::%s" % (last, name))
+    return missing
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_named_tests_exist(page):
+    """docs/security.md names the test that holds each rule: a renamed or removed test fails here."""
+    missing = missing_tests(page.read_text())
+    assert not missing, "%s names tests that do not exist: %s" % (page.relative_to(REPO), ", ".join(missing))
+
+
+def test_a_named_test_that_is_gone_is_found():
+    text = ("`tests/unit/test_docs_links.py::test_named_tests_exist`, `::test_a_named_test_that_is_gone_is_found`, "
+            "`::test_no_such_thing`, `tests/unit/nowhere.py::test_x`")
+    assert missing_tests(text) == ["tests/unit/test_docs_links.py::test_no_such_thing", "tests/unit/nowhere.py::test_x"]
