@@ -26,6 +26,9 @@ TYPE_CHECKS = {"str": check_type_str, "path": check_type_str, "bool": check_type
                "float": check_type_float, "list": check_type_list, "dict": check_type_dict}
 TYPE_WORDS = {"str": "a text", "path": "a path", "bool": "true or false", "int": "a whole number",
               "float": "a number", "list": "a list", "dict": "a mapping of names to values"}
+# The same, for the items of a list.
+ITEM_WORDS = {"str": "texts", "path": "paths", "bool": "true or false values", "int": "whole numbers",
+              "float": "numbers", "list": "lists", "dict": "mappings of names to values"}
 HIDDEN = "(hidden)"
 
 
@@ -111,7 +114,7 @@ def spec_problems(spec, values, skip=()) -> list:
         except (TypeError, ValueError, OverflowError):
             what = TYPE_WORDS.get(kind, kind)
             if kind == "list" and option.get("elements"):
-                what += " of %ss" % TYPE_WORDS.get(option["elements"], option["elements"]).split(" ", 1)[-1]
+                what += " of %s" % ITEM_WORDS.get(option["elements"], option["elements"])
             problems.append("%s is %s: it must be %s." % (name, given, what))
             continue
         choices = option.get("choices")
