@@ -37,6 +37,11 @@ description:
     (C(model_name), as both engines label them) are read. C(/metrics) is read strictly as the Prometheus text format;
     an answer that breaks the format anywhere, is not UTF-8, holds more than 8 MiB or 100000 samples, or repeats a
     series leaves the acceptance unknown, with a note.
+  - The engine's other answers are read to a bound each, the whole answer within its request's timeout (O(health_timeout),
+    O(request_timeout)) - a health answer 16 KiB (longer is RV(verdict) V(unhealthy); one begun but not ended in time
+    V(slow)), the model list and each completion 1 MiB (longer, or not ended in time, fails the gate), an HTTP error's
+    body alike. A failure quotes at most 12 of the models listed, each cut to 100 characters, and journal lines cut
+    to 2000 characters, each masked before it is cut.
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
     until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
   - Changes nothing on the host. C(changed) is always false.
@@ -135,7 +140,7 @@ options:
     default: 0
     version_added: 0.2.0
   request_timeout:
-    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take (for C(/metrics), its whole answer).
+    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take, its whole answer included.
     type: float
     default: 120
   prompt:
@@ -189,7 +194,7 @@ options:
     default: {}
     version_added: 0.3.0
   journal_lines:
-    description: How many of the unit's last journal lines a failure shows.
+    description: How many of the unit's last journal lines a failure shows (each cut to 2000 characters).
     type: int
     default: 20
   wait:
