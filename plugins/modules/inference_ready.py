@@ -37,6 +37,11 @@ description:
     (C(model_name), as both engines label them) are read. C(/metrics) is read strictly as the Prometheus text format;
     an answer that breaks the format anywhere, is not UTF-8, holds more than 8 MiB or 100000 samples, or repeats a
     series leaves the acceptance unknown, with a note.
+  - The engine's other answers are read to a bound each, the whole answer within its request's timeout (O(health_timeout),
+    O(request_timeout)) - a health answer 16 KiB (longer is RV(verdict) V(unhealthy); one begun but not ended in time
+    V(slow)), the model list and each completion 1 MiB (longer, or not ended in time, fails the gate), an HTTP error's
+    body alike. A failure quotes at most 12 of the models listed, each cut to 100 characters, and journal lines cut
+    to 2000 characters, each masked before it is cut.
   - The action plugin of the same name calls this module in bounded rounds of at most O(progress_interval) seconds
     until O(timeout), printing a progress line after each round, since Ansible shows nothing while a module runs.
   - Changes nothing on the host. C(changed) is always false.
@@ -135,7 +140,7 @@ options:
     default: 0
     version_added: 0.2.0
   request_timeout:
-    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take (for C(/metrics), its whole answer).
+    description: Seconds one completion, C(/v1/models) or C(/metrics) request may take, its whole answer included.
     type: float
     default: 120
   prompt:
@@ -189,7 +194,7 @@ options:
     default: {}
     version_added: 0.3.0
   journal_lines:
-    description: How many of the unit's last journal lines a failure shows.
+    description: How many of the unit's last journal lines a failure shows (each cut to 2000 characters).
     type: int
     default: 20
   wait:
@@ -402,6 +407,16 @@ SGLANG_WINDOW_NOTE = ("SGLang has not logged a window of decode steps yet: its s
 # hundreds of samples (a few hundred KiB with its histograms).
 METRICS_MAX_BYTES = 8 * 1024 * 1024
 METRICS_MAX_SAMPLES = 100000
+# The engine's other answers, read as far as these at most, each within its request's timeout:
+# a health answer is empty or a word (an error page a few KiB); a model list or a completion of
+# a few tokens is some KiB. An endless or trickling body must not hold the gate, or the host's memory.
+HEALTH_MAX_BYTES = 16 * 1024
+ANSWER_MAX_BYTES = 1024 * 1024
+# What a failure quotes of the engine's words: so many of the models it lists, so many characters
+# of each, and of each journal line (the service writes them; journald keeps lines of 48 KiB and more).
+SHOWN_MODELS = 12
+SHOWN_MODEL_CHARS = 100
+JOURNAL_LINE_CHARS = 2000
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 # How many unreadable pids a sentence names before it says "and N more".
 SHOWN_PIDS = 12
@@ -471,13 +486,21 @@ def journal_argv(unit, invocation_id, lines):
     return argv + ["--unit", unit]
 
 
-def journal(module, unit, invocation_id, lines):
+def journal(module, params, invocation_id, mask):
+    """The gated invocation's last journal_lines lines, masked, each cut to JOURNAL_LINE_CHARS
+    (masked before it is cut, so that no piece of a secret is left at the cut)."""
     # The engine's last words (its traceback, on stderr) travel through a stdout stream that
     # journald may not have read yet when PID 1's "Main process exited" is already there: a sync
     # waits for the streams' data written before it (systemd 246+). Best effort: root only.
     module.run_command(["journalctl", "--sync"])
-    rc, out, dummy = module.run_command(journal_argv(unit, invocation_id, lines))
-    return out.splitlines()[-lines:] if rc == 0 else []
+    lines = params["journal_lines"]
+    rc, out, dummy = module.run_command(journal_argv(params["unit"], invocation_id, lines))
+    return [cut(mask(line), JOURNAL_LINE_CHARS) for line in out.splitlines()[-lines:]] if rc == 0 else []
+
+
+def cut(text, limit):
+    """text, or its first limit characters and how many more there were."""
+    return text if len(text) <= limit else "%s... (%d more characters)" % (text[:limit], len(text) - limit)
 
 
 def death(state, baseline):
@@ -544,11 +567,11 @@ def port_problem(port, unit, unit_cgroup, found):
     return None, None, False
 
 
-def request(params, path, timeout, data=None, limit=None):
+def request(params, path, timeout, limit, data=None):
     """(HTTP status, body) of path under the base URL, or raises URLError/socket errors; HTTP
-    errors return their status. With limit, at most limit + 1 bytes of the body are read, all
-    within timeout: a longer body is cut there (the caller sees it is too long), and one that
-    trickles in slower raises socket.timeout."""
+    errors return their status (and their body, bounded alike). At most limit + 1 bytes of the
+    body are read, all within timeout: a longer body is cut there (the caller sees it is too
+    long), and one that trickles in slower raises SlowAnswer."""
     headers = {"Accept": "application/json"}
     if params["api_key"]:
         headers["Authorization"] = "Bearer " + params["api_key"]
@@ -565,8 +588,6 @@ def request(params, path, timeout, data=None, limit=None):
 
 
 def read_body(response, limit, timeout):
-    if limit is None:
-        return response.read()
     deadline, chunks, size = time.monotonic() + timeout, [], 0
     while size <= limit:
         if time.monotonic() > deadline:
@@ -599,15 +620,20 @@ def probe(params, timeout):
     accepted the connection but gave no answer within timeout) or unhealthy."""
     for path in ENGINES[params["engine"]]["health_paths"]:
         try:
-            status, dummy = request(params, path, timeout)
+            status, body = request(params, path, timeout, HEALTH_MAX_BYTES)
         except URLError as exc:  # urllib wraps what happens before the request is sent: no connection
             return "unhealthy", seen_error(exc, timeout)
         except (socket.timeout, TimeoutError):  # raised bare while waiting for the answer
             return "slow", "%s accepted the connection but gave no answer within %s s" % (path, timeout)
+        except SlowAnswer:  # its body trickles: as busy as no answer at all, and no proof of a hang
+            return "slow", "%s began its answer but did not end it within %g s" % (path, timeout)
         except (OSError, HTTPException) as exc:
             return "unhealthy", seen_error(exc, timeout)
         if status != 200:
             return "unhealthy", "%s HTTP %d" % (path, status)
+        if len(body) > HEALTH_MAX_BYTES:
+            return "unhealthy", "%s answered more than %d KiB, more than a health answer" % (
+                path, HEALTH_MAX_BYTES // 1024)
     return "healthy", "HTTP 200"
 
 
@@ -618,7 +644,7 @@ def left_running(params, verdict):
     return verdict in LEFT_RUNNING and bool(params["unit"]) and not params["started"]
 
 
-def wait_healthy(module, params, baseline):
+def wait_healthy(module, params, baseline, mask):
     """Poll until healthy or the call's wait runs out; raise GateError when the unit dies.
 
     The health probe comes first and its answer is timed before the unit is read, and polls
@@ -639,7 +665,7 @@ def wait_healthy(module, params, baseline):
                 baseline = {"invocation_id": state["InvocationID"], "n_restarts": int(state["NRestarts"] or 0)}
             died = death(state, baseline)
             if died:
-                lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+                lines = journal(module, params, baseline.get("invocation_id", ""), mask)
                 raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
                                 % (params["unit"], died, "\n".join(lines) or "(none)"),
                                 unit=state, journal=lines, baseline=baseline, polls=polls)
@@ -733,23 +759,42 @@ def completion_text(document):
     return text if isinstance(text, str) else None
 
 
+def answer(params, asked, path, data=None):
+    """(status, body) of one smoke request (asked: its method and path, as a sentence names it),
+    its body at most ANSWER_MAX_BYTES, all within request_timeout; GateError when a 200's is longer
+    (an error's is only quoted, cut: its first bytes are enough)."""
+    status, body = request(params, path, params["request_timeout"], ANSWER_MAX_BYTES, data=data)
+    if status == 200 and len(body) > ANSWER_MAX_BYTES:
+        raise GateError("%s answered more than %d MiB, more than an engine's answer"
+                        % (asked, ANSWER_MAX_BYTES // (1024 * 1024)))
+    return status, body
+
+
+def listed(models, mask):
+    """The models a failure quotes: the first SHOWN_MODELS, each masked and cut, and how many more."""
+    shown = [cut(mask(model), SHOWN_MODEL_CHARS) for model in models[:SHOWN_MODELS]]
+    return "%r%s" % (shown, " and %d more" % (len(models) - SHOWN_MODELS) if len(models) > SHOWN_MODELS else "")
+
+
 def smoke(params, mask):
     """/v1/models lists the served name; real completions return text."""
     timeout = params["request_timeout"]
+    asked = "GET /v1/models"
     try:
-        status, body = request(params, "/v1/models", timeout)
+        status, body = answer(params, asked, "/v1/models")
         if status != 200:
             raise GateError("GET /v1/models answered HTTP %d: %s" % (status, excerpt(body, mask)))
         models = model_ids(json.loads(body))
         if models is None:
             raise GateError("GET /v1/models answered JSON that is not a list of models: %s" % excerpt(body, mask))
         if params["served_name"] not in models:
-            raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], models),
+            raise GateError("GET /v1/models does not list %r (it lists %s)" % (params["served_name"], listed(models, mask)),
                             models=models)
         times, texts = [], []
+        asked = "POST /v1/completions"
         for dummy in range(params["completions"]):
             started = time.monotonic()
-            status, body = request(params, "/v1/completions", timeout, data={
+            status, body = answer(params, asked, "/v1/completions", data={
                 "model": params["served_name"], "prompt": params["prompt"], "max_tokens": params["max_tokens"],
                 "temperature": 0})
             times.append(round((time.monotonic() - started) * 1000, 1))
@@ -762,6 +807,8 @@ def smoke(params, mask):
             if not text.strip():
                 raise GateError("POST /v1/completions returned no text: %s" % excerpt(body, mask), models=models)
             texts.append(text)
+    except SlowAnswer as exc:
+        raise GateError("%s: %s" % (asked, exc))
     except (URLError, OSError, HTTPException) as exc:
         raise GateError("the server stopped answering during the smoke test: %s" % seen_error(exc, timeout))
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested deeper than the parser goes
@@ -863,7 +910,7 @@ def speculation(params):
     """The acceptance read back from /metrics; unknown (available false, with a note) rather
     than a figure the metrics cannot support."""
     try:
-        status, body = request(params, "/metrics", params["request_timeout"], limit=METRICS_MAX_BYTES)
+        status, body = request(params, "/metrics", params["request_timeout"], METRICS_MAX_BYTES)
     except (URLError, OSError, HTTPException) as exc:
         return {"available": False, "note": "/metrics: %s" % seen_error(exc, params["request_timeout"])}
     if status != 200:
@@ -906,7 +953,7 @@ def answering_since(params, state, ready_at):
     return ready_at, "first answer"
 
 
-def stay(module, params, baseline, since, result):
+def stay(module, params, baseline, since, result, mask):
     """The unit must still run the invocation that answered, stable_s after it first did: an
     engine that crashes under its first requests is not ready."""
     time.sleep(max(0.0, since + params["stable_s"] - time.monotonic()))
@@ -919,16 +966,16 @@ def stay(module, params, baseline, since, result):
         if verdict != "healthy":
             why = "stopped answering after it first did (%s)" % seen
     if why:
-        lines = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+        lines = journal(module, params, baseline.get("invocation_id", ""), mask)
         raise GateError("unit %s %s after the server answered; the journal lines of the invocation that answered:\n%s"
                         % (params["unit"], why, "\n".join(lines) or "(none)"), journal=lines)
 
 
-def unit_after_failure(module, params, result):
+def unit_after_failure(module, params, result, mask):
     """What the unit did, for a failure that is not about the unit (a completion that got no
     answer): its state, into the message, and the gated invocation's journal, into result."""
     baseline = result.get("baseline") or params["baseline"] or {}
-    result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+    result["journal"] = journal(module, params, baseline.get("invocation_id", ""), mask)
     said = ""
     try:
         state = unit_state(module, params["unit"])
@@ -1013,7 +1060,7 @@ def main():
     try:
         if params["mode"] == "probe":
             module.exit_json(**mask(look(module, params)))
-        verdict, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]))
+        verdict, seen, state, baseline, polls, ready_at = wait_healthy(module, params, dict(params["baseline"]), mask)
         healthy = verdict == "healthy"
         result.update(healthy=healthy, verdict=verdict, last_seen=seen, polls=polls)
         if params["unit"]:
@@ -1024,7 +1071,7 @@ def main():
         if not healthy:
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:
-                result["journal"] = journal(module, params["unit"], baseline.get("invocation_id", ""), params["journal_lines"])
+                result["journal"] = journal(module, params, baseline.get("invocation_id", ""), mask)
             module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
         started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
@@ -1035,12 +1082,12 @@ def main():
             result["speculation"] = speculation(params)
         if params["unit"]:
             since, result["stable_since"] = answering_since(params, state, ready_at)
-            stay(module, params, baseline, since, result)
+            stay(module, params, baseline, since, result, mask)
     except GateError as exc:
         result.update(exc.result)
         msg = str(exc)
         if params["unit"] and "journal" not in result:
-            msg += unit_after_failure(module, params, result)
+            msg += unit_after_failure(module, params, result, mask)
         module.fail_json(msg=mask(msg), **mask(result))
     module.exit_json(**mask(result))
 
