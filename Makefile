@@ -19,7 +19,7 @@ AWX_VERSION := 24.6.1
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile lint changelog-lint mutate bench gpu-wheels clean \
+.PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint changelog-lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
@@ -104,6 +104,12 @@ $(RULEBOOK_VENV)/.installed: requirements-rulebook.txt
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: setup rulebook
 	$(PY) -m pytest tests/integration -q -m "not ee and not hostile"
+
+# The trust boundaries' run (tools/security_run.py): every test docs/security.md names, unit to
+# fleet, reported rule by rule; a few minutes (the fleet boots once). Not part of `make test`,
+# which runs each of those tests anyway.
+security: setup rulebook
+	$(PY) tools/security_run.py
 
 # The hostile run of the serve layer (tests/integration/test_serve_hostile_fleet.py): every
 # promise of docs/inference_service.md attacked on the fleet, some 160 cases, about 18 min on 2
