@@ -31,6 +31,17 @@ description:
   - With O(mode=all), every C(.pyc) of the targets is removed.
   - The comparison runs under O(python) itself (a probe script sent on its standard input), because the bytecode
     format, cache tag and source hash belong to that interpreter, not to the one that runs Ansible.
+  - Before O(python) is started, the module decides who can change what it runs - its file, each symbolic link on the
+    way to it, its environment's prefix (the parent of its C(bin), with C(pyvenv.cfg) and the C(.pth) files of
+    C(lib/python3.*/site-packages) that Python runs at every start) and each directory above them. When root alone
+    can, the probe runs as root. When one other user can (the service user who owns the venv), the probe runs as
+    that user, with no supplementary groups and a clean environment (see RV(python.ran_as)), in check mode too, and
+    the bytecode is removed with that user's rights. When more than one user, a group or everyone can, the task
+    fails naming the path and who can change it; nothing is run or removed.
+  - The probe's answer is not trusted for what is removed - the roots of O(paths) are the module's own, and when the
+    probe ran as another user each root it found for O(modules) must lie inside the environment of O(python). A
+    C(.pyc) is removed only from a C(__pycache__) under a root as the kernel resolves it (or its
+    E(PYTHONPYCACHEPREFIX) mirror), every directory on the way opened without following a symbolic link.
   - Only files whose names end in C(.pyc) inside C(__pycache__) directories under the targets (or inside the
     targets' mirror under E(PYTHONPYCACHEPREFIX)) are ever removed. C(.pyc) files outside C(__pycache__) and other
     files inside it are never touched.
@@ -83,6 +94,10 @@ options:
       - The interpreter whose C(sys.path), cache tag, magic number and compiler count, normally the one that
         runs the inference server (for example C(/opt/vllm/.venv/bin/python)).
       - Defaults to the interpreter that runs this module.
+      - It runs as root only when root alone can change what it runs; a venv that belongs to the service user
+        runs as that user, and one that more than one user can change is refused (see the description). Only
+        E(PYTHONPATH), E(PYTHONHOME), E(PYTHONPYCACHEPREFIX), E(PYTHONNOUSERSITE) and the locale of the task's
+        environment reach it then.
     type: path
   mode:
     description:
@@ -116,6 +131,8 @@ notes:
   - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
   - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task
     fails at the end, naming each one in RV(errors).
+  - When the probe runs as the service user, a C(.pyc) that user may not remove (in a directory of root's named in
+    O(paths)) is an error in RV(errors), as any other that cannot be removed.
   - When the check under O(python) fails, the task fails with what happened and removes nothing - a program that is
     not Python, a Python older than 3.8, a check killed by a signal (with the signal's name) or one that exited
     early (with its exit status), each with the last lines it wrote on its standard error, or O(probe_timeout).
@@ -276,7 +293,15 @@ python:
       description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: null
-  sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null}
+    ran_as:
+      description:
+        - The user the probe ran as, and the removals were made as - C(root), or the one other user who can change
+          what O(python) runs (the owner of its venv).
+      type: str
+      sample: vllm
+      version_added: 0.2.0
+  sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null,
+           "ran_as": "vllm"}
 compared:
   description: How many sources were compiled to compare their code with a C(.pyc) whose header matched.
   returned: always
