@@ -179,3 +179,20 @@ def test_an_interpreter_more_than_one_user_can_change_is_refused_and_never_run(t
         for words in said:
             assert words in result["msg"]
     assert uids_seen(marker) == [] and os.path.exists(pyc)
+
+
+def test_the_service_users_probe_removes_with_that_users_rights_only(top):
+    python, site = service_venv(top)
+    give_to(top / "venv", NOBODY)
+    # Bytecode of root's, whose source is gone, in a tree of root's that the operator names.
+    roots = top / "roots"
+    source = make_package(roots)
+    pyc = compile_source(SYSTEM_PY, source)
+    source.unlink()
+
+    result = purge({"paths": [str(roots)]}, python=python)
+
+    assert os.path.exists(pyc)
+    assert result["rc"] == 1 and result["msg"].startswith("could not remove 1 stale bytecode file(s): "), result
+    assert [item["path"] for item in result["errors"]] == [pyc] and "Permission denied" in result["errors"][0]["error"]
+    assert result["python"]["ran_as"] == "nobody"
