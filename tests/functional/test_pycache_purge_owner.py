@@ -146,8 +146,8 @@ def other_user():
         pytest.skip("no `daemon` user to own the link")
 
 
-@pytest.mark.parametrize("case", ["link in another user's directory", "link owned by another user",
-                                  "venv its group may write"])
+@pytest.mark.parametrize("case", ["venv's bin of another user", "link owned by another user",
+                                  "link from another user's directory", "venv its group may write"])
 def test_an_interpreter_more_than_one_user_can_change_is_refused_and_never_run(top, case):
     python, site = service_venv(top)
     source = make_package(site)
@@ -156,29 +156,36 @@ def test_an_interpreter_more_than_one_user_can_change_is_refused_and_never_run(t
     marker = top / "venv" / "uids"
     spy(site, marker)
     give_to(top / "venv", NOBODY)
-    links = top / "links"
-    links.mkdir()
-    os.symlink(python, links / "python")
-    if case == "link in another user's directory":
-        give_to(links, other_user())
-        said = ["more than one user can change what it runs", "daemon (uid 1) owns %s" % links,
-                "nobody (uid %d) owns %s" % (NOBODY, top / "venv")]
+    venv_nobody = "nobody (uid %d) owns %s" % (NOBODY, top / "venv")
+    if case == "venv's bin of another user":
+        give_to(top / "venv" / "bin", other_user())
+        said = ["more than one user can change what it runs", "daemon (uid 1) owns %s" % (top / "venv" / "bin"),
+                venv_nobody]
     elif case == "link owned by another user":
-        os.lchown(links / "python", other_user(), other_user())
-        said = ["more than one user can change what it runs", "daemon (uid 1) owns %s" % (links / "python")]
+        os.lchown(python, other_user(), other_user())
+        said = ["more than one user can change what it runs", "daemon (uid 1) owns %s" % python, venv_nobody]
+    elif case == "link from another user's directory":
+        # Started through this link, Python does not even take the venv for its own (no
+        # pyvenv.cfg beside the link): the links into it count all the same.
+        links = top / "links"
+        links.mkdir()
+        os.symlink(python, links / "python")
+        give_to(links, other_user())
+        python = str(links / "python")
+        said = ["more than one user can change what it runs", "daemon (uid 1) owns %s" % links]
     else:
         site.chmod(0o775)
         said = ["%s may be written by its group (mode 0775)" % site]
 
     for check in (True, False):
-        result = purge({"modules": ["pkg"]}, python=str(links / "python"), check=check)
+        result = purge({"paths": [str(site)], "mode": "all"}, python=python, check=check)
 
+        assert uids_seen(marker) == [] and os.path.exists(pyc)
         assert result["rc"] == 1, result
-        assert result["msg"].startswith("refusing to run python %s: " % (links / "python")), result["msg"]
+        assert result["msg"].startswith("refusing to run python %s: " % python), result["msg"]
         assert result["msg"].endswith("; nothing was run or removed")
         for words in said:
             assert words in result["msg"]
-    assert uids_seen(marker) == [] and os.path.exists(pyc)
 
 
 def test_the_service_users_probe_removes_with_that_users_rights_only(top):
