@@ -4,8 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """Who can change what an interpreter runs, decided from the file system before it is started.
-Private to this collection; read with lstat, readlink and one short read of each program's first
-bytes (nothing is executed).
+Private to this collection; read with lstat, readlink, listdir of the site directories, and short reads of
+each program's first bytes (its `#!` line) and of pyvenv.cfg (its `home`); nothing is executed.
 
 Whoever can change the interpreter's file, a symbolic link on the way to it, its environment's
 prefix (where pyvenv.cfg and lib/python3.*/site-packages live: Python runs the site-packages'
