@@ -341,8 +341,12 @@ def collect_share(pid, read_fd, share):
     raise ProbeError("a code comparison worker (pid {0}) {1} while comparing {2} files, among them {3}".format(pid, how, len(share), share[0][0]))
 
 
-def run_bounded(argv, data, timeout, drain):
+def run_bounded(argv, data, timeout, drain, user=None, env=None):
     """Run argv with data on its stdin for at most timeout seconds: (rc, stdout, stderr, timed_out).
+
+    With user (a pwd entry), argv runs as that user: no supplementary groups, the user's group and
+    uid, set in the child before exec (Popen does setgroups, setregid, setreuid in that order); env
+    replaces the environment when given.
 
     Used by the module, never by the probe. Not module.run_command, which has no timeout and
     shares the module's process group: argv gets a session of its own, so that at the timeout
@@ -352,8 +356,9 @@ def run_bounded(argv, data, timeout, drain):
     broken pipe, so the caller can still say what the program printed."""
     import subprocess  # here: the probe itself never needs it
     # ansible-test 2.21 flags Popen in module_utils (run_command instead): see above for why not.
+    as_user = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
-                            stderr=subprocess.PIPE, cwd="/", start_new_session=True)
+                            stderr=subprocess.PIPE, cwd="/", start_new_session=True, env=env, **as_user)
     try:
         out, err = proc.communicate(data, timeout=timeout)
         return proc.returncode, out, err, False

@@ -31,6 +31,17 @@ description:
   - With O(mode=all), every C(.pyc) of the targets is removed.
   - The comparison runs under O(python) itself (a probe script sent on its standard input), because the bytecode
     format, cache tag and source hash belong to that interpreter, not to the one that runs Ansible.
+  - Before O(python) is started, the module decides who can change what it runs - its file, each symbolic link on the
+    way to it, its environment's prefix (the parent of its C(bin), with C(pyvenv.cfg) and the C(.pth) files of
+    C(lib/python3.*/site-packages) that Python runs at every start) and each directory above them. When root alone
+    can, the probe runs as root. When one other user can (the service user who owns the venv), the probe runs as
+    that user, with no supplementary groups and a clean environment (see RV(python.ran_as)), in check mode too, and
+    the bytecode is removed with that user's rights. When more than one user, a group or everyone can, the task
+    fails naming the path and who can change it; nothing is run or removed.
+  - The probe's answer is not trusted for what is removed - the roots of O(paths) are the module's own, and when the
+    probe ran as another user each root it found for O(modules) must lie inside the environment of O(python). A
+    C(.pyc) is removed only from a C(__pycache__) under a root as the kernel resolves it (or its
+    E(PYTHONPYCACHEPREFIX) mirror), every directory on the way opened without following a symbolic link.
   - Only files whose names end in C(.pyc) inside C(__pycache__) directories under the targets (or inside the
     targets' mirror under E(PYTHONPYCACHEPREFIX)) are ever removed. C(.pyc) files outside C(__pycache__) and other
     files inside it are never touched.
@@ -83,6 +94,10 @@ options:
       - The interpreter whose C(sys.path), cache tag, magic number and compiler count, normally the one that
         runs the inference server (for example C(/opt/vllm/.venv/bin/python)).
       - Defaults to the interpreter that runs this module.
+      - It runs as root only when root alone can change what it runs; a venv that belongs to the service user
+        runs as that user, and one that more than one user can change is refused (see the description). Only
+        E(PYTHONPATH), E(PYTHONHOME), E(PYTHONPYCACHEPREFIX), E(PYTHONNOUSERSITE) and the locale of the task's
+        environment reach it then.
     type: path
   mode:
     description:
@@ -116,6 +131,8 @@ notes:
   - The module never imports the target packages and never writes bytecode; the next import recompiles what was removed.
   - When a C(.pyc) cannot be removed (for example a read-only file system), the others are still removed and the task
     fails at the end, naming each one in RV(errors).
+  - When the probe runs as the service user, a C(.pyc) that user may not remove (in a directory of root's named in
+    O(paths)) is an error in RV(errors), as any other that cannot be removed.
   - When the check under O(python) fails, the task fails with what happened and removes nothing - a program that is
     not Python, a Python older than 3.8, a check killed by a signal (with the signal's name) or one that exited
     early (with its exit status), each with the last lines it wrote on its standard error, or O(probe_timeout).
@@ -276,7 +293,15 @@ python:
       description: Its C(sys.pycache_prefix) (from E(PYTHONPYCACHEPREFIX)), or null. Bytes that are not UTF-8 appear as C(\xNN).
       type: str
       sample: null
-  sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null}
+    ran_as:
+      description:
+        - The user the probe ran as, and the removals were made as - C(root), or the one other user who can change
+          what O(python) runs (the owner of its venv).
+      type: str
+      sample: vllm
+      version_added: 0.2.0
+  sample: {"executable": "/opt/vllm/.venv/bin/python", "version": "3.11.7", "cache_tag": "cpython-311", "pycache_prefix": null,
+           "ran_as": "vllm"}
 compared:
   description: How many sources were compiled to compare their code with a C(.pyc) whose header matched.
   returned: always
@@ -289,8 +314,10 @@ elapsed_s:
   sample: 0.42
 """
 
+import contextlib
 import json
 import os
+import pwd
 import signal
 import sys
 import time
@@ -298,6 +325,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems
+from ansible_collections.cleanslate.gpu.plugins.module_utils._interpreter_owner import Refused, interpreter_owner
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
@@ -313,6 +341,16 @@ DRAIN_AFTER_KILL_S = 5
 
 # How many of the probe's last stderr lines a failure quotes.
 STDERR_LINES = 3
+
+# What the probe keeps of this module's environment when it runs as the user who controls the
+# interpreter (see _interpreter_owner): the operator's settings for how Python finds and caches
+# modules, and the locale (how file names are decoded). HOME, USER and LOGNAME are that user's,
+# PATH a fixed system one; nothing else of root's environment reaches their code.
+FORWARDED = ('PYTHONPATH', 'PYTHONHOME', 'PYTHONPYCACHEPREFIX', 'PYTHONNOUSERSITE', 'LANG', 'LC_ALL', 'LC_CTYPE')
+SYSTEM_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
+# How each directory on the way to a pyc is opened for its removal: never through a symbolic link.
+WALK_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, 'O_CLOEXEC', 0)
 
 
 def input_problems(params):
@@ -386,11 +424,41 @@ def describe_exit(rc):
     return 'exited with rc %d' % rc
 
 
-def run_probe(module, python, request, timeout):
-    """Run the probe under python; returns its result or fails the task saying what happened."""
+def service_user(module, python, uid):
+    """The pwd entry of the user who controls python, or None when that is who runs this module."""
+    if uid in (0, os.geteuid()):
+        return None
+    try:
+        return pwd.getpwuid(uid)
+    except KeyError:
+        module.fail_json(msg='refusing to run python %s as uid %d, which has no user entry (no group to run it '
+                         'with); nothing was run or removed' % (printable(python), uid))
+
+
+def user_name(user):
+    if user is not None:
+        return printable(user.pw_name)
+    try:
+        return printable(pwd.getpwuid(os.geteuid()).pw_name)
+    except KeyError:
+        return 'uid %d' % os.geteuid()
+
+
+def probe_environment(user):
+    """None (this module's environment) as root; the clean environment of FORWARDED as user."""
+    if user is None:
+        return None
+    env = {key: os.environ[key] for key in FORWARDED if key in os.environ}
+    env.update(PATH=SYSTEM_PATH, HOME=user.pw_dir or '/', USER=user.pw_name, LOGNAME=user.pw_name)
+    return env
+
+
+def run_probe(module, python, request, timeout, user=None):
+    """Run the probe under python (as user when given); returns its result or fails the task saying what happened."""
     try:
         rc, out, err, timed_out = _pyc_probe.run_bounded([python, '-B', '-'], probe_script(request).encode('utf-8'),
-                                                         timeout, DRAIN_AFTER_KILL_S)
+                                                         timeout, DRAIN_AFTER_KILL_S, user=user,
+                                                         env=probe_environment(user))
     except OSError as exc:
         module.fail_json(msg='python %s cannot be run: %s' % (python, exc))
     lines = out.decode('utf-8', 'replace').strip().splitlines()
@@ -419,15 +487,16 @@ def run_probe(module, python, request, timeout):
             python, rc, (' and said: ' + ' | '.join(said)) if said else ' and printed nothing'))
     if rc != 0 or result.get('error'):
         module.fail_json(msg=shown(result.get('error')) or 'the probe under python %s %s%s' % (
-            python, describe_exit(rc), detail), python=python_info(result))
+            python, describe_exit(rc), detail), python=python_info(result, user))
     return result
 
 
-def python_info(result):
-    """The interpreter's facts from the probe's result (wire text), as returned."""
+def python_info(result, user=None):
+    """The interpreter's facts from the probe's result (wire text), as returned, and whom it ran as."""
     info = {key: result.get(key) for key in ('executable', 'version', 'cache_tag', 'pycache_prefix')}
     for key in ('executable', 'pycache_prefix'):
-        info[key] = shown(info[key])
+        info[key] = shown(info[key]) if isinstance(info[key], str) else None
+    info['ran_as'] = user_name(user)
     return info
 
 
@@ -444,6 +513,59 @@ def local_names(result):
         item['path'] = local(item['path'])
     result['pycache_prefix'] = local(result.get('pycache_prefix'))
     return result
+
+
+# The probe's answer, key by key: what each holds (the probe may be the service user's code).
+LISTS = {'targets': ('root', 'from'), 'stale': ('pyc', 'reason'), 'skipped': ('pyc', 'reason'),
+         'problems': ('path', 'problem')}
+
+
+def malformed(result):
+    """What is wrong with the shape of the probe's answer, or ''."""
+    for key in ('checked', 'compared'):
+        if not isinstance(result.get(key), int) or isinstance(result.get(key), bool):
+            return '%s is not a number' % key
+    for key in ('executable', 'version', 'cache_tag', 'pycache_prefix'):
+        if result.get(key) is not None and not isinstance(result.get(key), str):
+            return '%s is not text' % key
+    for key, texts in LISTS.items():
+        items = result.get(key)
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            return '%s is not a list of objects' % key
+        for item in items:
+            if not all(isinstance(item.get(text), str) for text in texts):
+                return 'an entry of %s lacks %s' % (key, ' or '.join(texts))
+            if key in ('stale', 'skipped') and not isinstance(item.get('source'), (str, type(None))):
+                return 'an entry of %s has a source that is not text' % key
+    return ''
+
+
+def trusted_targets(module, params, result, user, environment, info):
+    """The targets, from the operator where possible: the roots of paths are this module's own
+    resolution of params['paths'], whatever the probe said. The roots of modules are the probe's
+    (only the interpreter's finders know them); when it ran as the service user, each must lie,
+    as the kernel resolves it, inside the environment of python (that user's own), else the task
+    stops: the operator names such a directory in paths instead."""
+    targets = [{'root': _pyc_probe.resolve_path(path), 'from': 'paths'} for path in params['paths'] or []]
+    asked = set('module ' + name for name in params['modules'] or [])
+    for target in result['targets']:
+        if target['from'] not in asked:
+            continue
+        real = os.path.realpath(target['root'])
+        if user is not None and not (real == environment or under(real, environment)):
+            module.fail_json(msg='refusing to purge %s found at %s by python %s run as %s: it lies outside that '
+                             "interpreter's environment %s; name the directory in paths to purge it, nothing was "
+                             'removed' % (target['from'], printable(real), printable(params['python']),
+                                          printable(user.pw_name), printable(environment)),
+                             python=info)
+        targets.append(target)
+    return targets
+
+
+def forwarded_prefix():
+    """The PYTHONPYCACHEPREFIX this module gave the probe (FORWARDED), as an honest probe reports it
+    (sys.pycache_prefix); None when unset or empty, as Python ignores an empty one."""
+    return os.environ.get('PYTHONPYCACHEPREFIX') or None
 
 
 def printable_items(items, keys):
@@ -485,6 +607,34 @@ def removable(pyc, targets, prefix):
     return False
 
 
+def removal_dir(pyc, targets, prefix):
+    """The real directory pyc is removed from, or None when it is not removable.
+
+    removable() judges the names the probe gave; a name can pass through a symbolic link (a
+    __pycache__ that is a link to a directory of root's), so the directory is judged again as the
+    kernel resolves it: a __pycache__ under a target's real path, or inside its real mirror."""
+    if not removable(pyc, targets, prefix):
+        return None
+    real_dir = os.path.realpath(os.path.dirname(pyc))
+    for target in targets:
+        root = target['root']
+        if os.path.isdir(root):
+            real_root = os.path.realpath(root)
+            if os.path.basename(real_dir) == '__pycache__' and (real_dir == real_root or under(real_dir, real_root)):
+                return real_dir
+            if any(real_dir == mirror or under(real_dir, mirror) for mirror in real_mirrors(prefix, root)):
+                return real_dir
+        elif stem_of(pyc) == stem_of(root):
+            beside = os.path.realpath(os.path.dirname(root))
+            if real_dir == os.path.join(beside, '__pycache__') or real_dir in real_mirrors(prefix, os.path.dirname(root)):
+                return real_dir
+    return None
+
+
+def real_mirrors(prefix, directory):
+    return {os.path.realpath(mirror) for mirror in mirrors_of(prefix, directory)}
+
+
 def mirrors_of(prefix, directory):
     """Where importlib keeps the bytecode of directory's sources under PYTHONPYCACHEPREFIX (as given, as resolved)."""
     if not prefix:
@@ -492,18 +642,61 @@ def mirrors_of(prefix, directory):
     return {_pyc_probe.prefix_mirror(prefix, form) for form in (directory, os.path.realpath(directory))}
 
 
-def remove(module, stale):
-    """Unlink each stale pyc (not in check mode). Returns (removed, errors)."""
+def unlink_in(real_dir, name):
+    """Unlink name in real_dir, each directory from `/` opened without following a symbolic link: a
+    directory swapped for a link since removal_dir resolved it fails here (ELOOP), not followed."""
+    fd = os.open('/', WALK_FLAGS)
+    try:
+        for part in [part for part in real_dir.split('/') if part]:
+            next_fd = os.open(part, WALK_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = next_fd
+        os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def rights_of(user):
+    """Removals with the rights of the user who controls the interpreter (none given: as this module).
+
+    That user may have made any path of theirs a link or a rename away from root's files; with
+    their effective ids the kernel lets the removal do only what they could do themselves. Only
+    the effective ids change: the saved uid stays this module's, so they come back after, and the
+    kernel lets that user neither signal nor trace this process meanwhile."""
+    if user is None:
+        yield
+        return
+    groups, uid, gid = os.getgroups(), os.geteuid(), os.getegid()
+    os.setgroups([])
+    os.setegid(user.pw_gid)
+    os.seteuid(user.pw_uid)
+    try:
+        yield
+    finally:
+        os.seteuid(uid)
+        os.setegid(gid)
+        os.setgroups(groups)
+
+
+def remove(module, stale, real_dirs, user=None):
+    """Unlink each stale pyc (not in check mode) from its real directory. Returns (removed, errors)."""
+    if module.check_mode:
+        return list(stale), []
+    with rights_of(user):
+        return unlink_all(stale, real_dirs)
+
+
+def unlink_all(stale, real_dirs):
     removed, errors = [], []
-    for item in stale:
-        if not module.check_mode:
-            try:
-                os.unlink(item['pyc'])
-            except FileNotFoundError:
-                pass  # gone already (an importer replaced or removed it): the goal is met
-            except OSError as exc:
-                errors.append({'path': item['pyc'], 'error': '[Errno %s] %s' % (exc.errno, exc.strerror)})
-                continue
+    for item, real_dir in zip(stale, real_dirs):
+        try:
+            unlink_in(real_dir, os.path.basename(item['pyc']))
+        except FileNotFoundError:
+            pass  # gone already (an importer replaced or removed it): the goal is met
+        except OSError as exc:
+            errors.append({'path': item['pyc'], 'error': '[Errno %s] %s' % (exc.errno, exc.strerror)})
+            continue
         removed.append(item)
     return removed, errors
 
@@ -533,16 +726,26 @@ def main():
         'mode': params['mode'],
         'compare_code': params['compare_code'],
     }
-    result = run_probe(module, python, request, params['probe_timeout'])
-    info = python_info(result)
+    try:
+        owner, environment = interpreter_owner(python)
+    except Refused as exc:
+        module.fail_json(msg=str(exc))
+    user = service_user(module, python, owner)
+    result = run_probe(module, python, request, params['probe_timeout'], user)
+    info = python_info(result, user)
+    if malformed(result):
+        module.fail_json(msg='the probe under python %s gave an answer of the wrong shape (%s), nothing was removed'
+                         % (printable(python), malformed(result)), python=info)
     result = local_names(result)
-    targets = result['targets']
-    unsafe = [item['pyc'] for item in result['stale'] if not removable(item['pyc'], targets, result.get('pycache_prefix'))]
+    targets = trusted_targets(module, params, result, user, environment, info)
+    prefix = result.get('pycache_prefix') if user is None else forwarded_prefix()
+    real_dirs = [removal_dir(item['pyc'], targets, prefix) for item in result['stale']]
+    unsafe = [item['pyc'] for item, real_dir in zip(result['stale'], real_dirs) if real_dir is None]
     if unsafe:
         # The probe and the module disagree about what is a target: remove nothing.
         module.fail_json(msg='refusing to remove files outside __pycache__ under the targets, nothing removed: %s'
                          % ', '.join(printable(path) for path in unsafe[:10]), python=info)
-    removed, errors = remove(module, result['stale'])
+    removed, errors = remove(module, result['stale'], real_dirs, user)
     removed = printable_items(removed, ('pyc', 'source'))
     errors = printable_items(errors, ('path',))
     problems = printable_items(result['problems'], ('path',))
