@@ -43,6 +43,31 @@ def payload(*alerts, status="firing") -> dict:
             "alerts": list(alerts)}
 
 
+def hostile_text(ran) -> str:
+    """Template code in both forms ansible-core runs, each host's secrets by name (written to render
+    on any host), and what the rule escapes."""
+    return ("{{ lookup('pipe', 'touch %s') }}{%% set x = lookup('pipe', 'touch %s') %%}"
+            "{{ inference_service_secrets.api_key | default('') }}"
+            "{{ ((inference_service_instances | default([{}]) | first).secrets | default({})).api_key | default('') }}"
+            "\u2003\n}\"'" % (ran, ran))
+
+
+def shown(ran, times=1) -> str:
+    """hostile_text as the heal keeps it (docs/self_healing.md): the literal text, U+2003 and the
+    newline escaped, cut to 256 characters (the last one an ellipsis)."""
+    text = hostile_text(ran).replace("\u2003", "\\u2003").replace("\n", "\\n") * times
+    return text if len(text) <= 256 else text[:255] + "\u2026"
+
+
+def hostile_alert(host, ran, **labels) -> dict:
+    """Hostile text in every field the rule lets through (it reads only status, host, alertname, cleanslate_heal)."""
+    text = hostile_text(ran)
+    return {"status": "firing", "startsAt": text, "endsAt": text, "generatorURL": text, "fingerprint": text * 2,
+            "labels": dict({"alertname": text, "host": host, "cleanslate_heal": "true", "instance": text, "severity": text,
+                            text[:40]: text}, **labels),
+            "annotations": {"summary": text, "description": text}}
+
+
 def rulebook_missing() -> str:
     if not (RULEBOOK_VENV / "bin" / "ansible-rulebook").exists():
         return "ansible-rulebook is not installed in %s (make rulebook)" % RULEBOOK_VENV

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import secrets
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ import pytest
 import yaml
 
 from tests.integration.fleet import engines
-from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook
+from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook, hostile_alert, payload, shown
 from tests.integration.test_inference_service_fleet import UNIT, base_vars
 from tests.integration.test_observe_fleet import free_port, get, wait_for
 
@@ -34,6 +35,10 @@ ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
 HOSTS = ("node1", "node2")
 MAX_HEALS = 2
+# node2 is served with a key (the canary of the hostile alert's test); node1 without one.
+CANARY = "sk-canary-heal-fleet-" + secrets.token_hex(4)
+KEYS = {"node2": CANARY}
+METRICS = "/var/lib/prometheus/node-exporter"
 
 
 def short_rules(path: Path) -> Path:
@@ -68,6 +73,8 @@ class Loop:
             "heal_max_heals": MAX_HEALS, "fleet_report_path": str(workdir / "reports")}))
         for host in HOSTS:
             values = dict(base_vars("node3"), inference_service_restart_sec=3600)
+            if host in KEYS:
+                values["inference_service_secrets"] = {"api_key": KEYS[host]}
             (self.inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))
         self.procs = []
         self.prometheus_port = free_port()
@@ -120,10 +127,14 @@ class Loop:
 
     def completes(self, host) -> bool:
         base = f"http://{self.address(host)}:8000"
+        headers = {"Content-Type": "application/json"}
+        if host in KEYS:
+            headers["Authorization"] = "Bearer " + KEYS[host]
         try:
-            model = json.loads(get(base + "/v1/models", timeout=3))["data"][0]["id"]
+            with urllib.request.urlopen(urllib.request.Request(base + "/v1/models", headers=headers), timeout=3) as response:
+                model = json.loads(response.read())["data"][0]["id"]
             body = json.dumps({"model": model, "prompt": "Say something", "max_tokens": 8}).encode()
-            request = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(base + "/v1/completions", data=body, headers=headers)
             with urllib.request.urlopen(request, timeout=10) as response:
                 return bool(json.loads(response.read())["choices"])
         except (OSError, ValueError, KeyError, IndexError):
@@ -234,3 +245,47 @@ def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
     assert loop.rulebook.alive()
     print("recovery (crash -> completion): %.1f s, %.1f s; node2 %.1f s" % (
         first["server ready"], second["server ready"], other["server ready"]))
+
+
+def test_a_hostile_alert_for_a_served_host_runs_no_template_and_copies_no_secret_anywhere(loop):
+    """Issue 35, 1 and 2, through the whole loop: an alert posted to the rulebook's webhook for node2
+    (in heal_hosts, served with a canary key), template code in every field the rule lets through
+    (a name of its own labelled cleanslate_heal="true", no unit: so the heal is let through), the
+    host's key among it by name. The heal runs reset_and_serve.yml on node2, whose healthy server
+    it leaves running. On d3c1d0d the lookups ran as the controller's user and the key, rendered
+    from node2's own vars, reached the breaker's state, the heal metrics, the report and the
+    rulebook's output."""
+    ran = "/tmp/cleanslate-heal-fleet-ran-" + secrets.token_hex(4)
+    wait_for("node2 answering", lambda: loop.completes("node2"), timeout=60)
+    heals, finished = len(loop.heals("node2")), loop.rulebook.finished()
+    assert loop.rulebook.post(payload(hostile_alert("node2", ran))) == 200
+    wait_for("the hostile alert's run", lambda: loop.rulebook.finished() > finished, timeout=300)
+    for host in HOSTS:
+        assert loop.fleet.run(host, ["test", "-e", ran], check=False).returncode == 1, host
+    assert not Path(ran).exists()
+    # The heal ran, counted, and kept the alert's literal text by the rule (escaped, cut, masked).
+    heal = loop.heals("node2")[-1]
+    assert len(loop.heals("node2")) == heals + 1, loop.rulebook.text()[-5000:]
+    assert heal["alertname"] == shown(ran) and heal["starts_at"] == shown(ran) and heal["fingerprint"] == shown(ran, 2)
+    (document,) = [document for document in loop.heal_reports() if document["trigger"]["alertname"] == shown(ran)]
+    assert document["trigger"]["fingerprint"] == shown(ran, 2) and document["trigger"]["starts_at"] == shown(ran)
+    (row,) = document["hosts"]
+    assert row["host"] == "node2" and row["service"]["status"] == "ready", row
+    assert loop.completes("node2")
+    # The key is node2's own (its server holds it), and is found nowhere else.
+    root = loop.fleet.hosts["node2"].root
+    assert CANARY in (root / "etc/cleanslate/inference/inference-server.env").read_text()
+    texts = {
+        "breaker state": (loop.workdir / "state" / "breaker.json").read_text(),
+        "heal metrics": "".join(path.read_text() for path in (loop.workdir / "metrics").iterdir()),
+        "reports (JSON and Markdown)": "".join(path.read_text() for path in (loop.workdir / "reports").iterdir()),
+        "rulebook output": loop.rulebook.text(),
+        "journal (-o cat)": loop.fleet.run("node2", ["journalctl", "--no-pager", "-o", "cat"]).stdout,
+        "journal (-o json)": loop.fleet.run("node2", ["journalctl", "--no-pager", "-o", "json"]).stdout,
+        "host metrics": "".join(path.read_text() for path in sorted((root / METRICS.lstrip("/")).glob("*.prom"))),
+    }
+    assert "lookup('pipe', 'touch %s')" % ran in texts["heal metrics"] and "Triggered by cleanslate.gpu.heal" in \
+        texts["reports (JSON and Markdown)"] and "cleanslate_gpu" in texts["host metrics"], texts["heal metrics"]
+    assert "{{ lookup('pipe', 'touch %s') }}" % ran in texts["rulebook output"]  # the event reached it as it was
+    assert [where for where, text in texts.items() if CANARY in text] == []
+    assert loop.rulebook.alive()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.integration.heal import REPO, Rulebook, alert, payload
+from tests.integration.heal import REPO, Rulebook, alert, hostile_alert, hostile_text, payload, shown
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 CANARY = "sk-canary-heal-7Qx2v9"
@@ -164,31 +164,6 @@ def test_the_close_command_forgets_the_hosts_heals_and_touches_nothing_else(loop
     assert after["node2"]["heals"], after  # another host's count is kept
     metrics = (loop.workdir / "metrics" / "cleanslate_gpu_heal.prom").read_text()
     assert 'cleanslate_gpu_heal_recent_heals{host="node1"} 0' in metrics, metrics
-
-
-def hostile_text(ran: Path) -> str:
-    """Template code in both forms ansible-core runs, each host's secrets by name (written to render
-    on any host), and what the rule escapes."""
-    return ("{{ lookup('pipe', 'touch %s') }}{%% set x = lookup('pipe', 'touch %s') %%}"
-            "{{ inference_service_secrets.api_key | default('') }}"
-            "{{ ((inference_service_instances | default([{}]) | first).secrets | default({})).api_key | default('') }}"
-            "\u2003\n}\"'" % (ran, ran))
-
-
-def shown(ran: Path, times=1) -> str:
-    """hostile_text as the heal keeps it (docs/self_healing.md): the literal text, U+2003 and the
-    newline escaped, cut to 256 characters (the last one an ellipsis)."""
-    text = hostile_text(ran).replace("\u2003", "\\u2003").replace("\n", "\\n") * times
-    return text if len(text) <= 256 else text[:255] + "\u2026"
-
-
-def hostile_alert(host, ran, **labels) -> dict:
-    """Hostile text in every field the rule lets through (it reads only status, host, alertname, cleanslate_heal)."""
-    text = hostile_text(ran)
-    return {"status": "firing", "startsAt": text, "endsAt": text, "generatorURL": text, "fingerprint": text * 2,
-            "labels": dict({"alertname": text, "host": host, "cleanslate_heal": "true", "instance": text, "severity": text,
-                            text[:40]: text}, **labels),
-            "annotations": {"summary": text, "description": text}}
 
 
 def everything_written(loop) -> str:

@@ -13,7 +13,9 @@ them.
 from __future__ import annotations
 
 import json
+import os
 import secrets as random_secrets
+import shutil
 
 import pytest
 import yaml
@@ -30,6 +32,12 @@ METRICS = "/var/lib/prometheus/node-exporter"
 # systemd 252 cannot drop that line (LogFilterPatterns= needs 253), and the role warns so. It is the
 # one line of the engine's own that may hold them, and only those two.
 SGLANG_ARGS_LINE = "server_args=ServerArgs("
+# node1's vLLM is served from a venv its service user (nobody) owns, with a .pth of that user's that
+# notes, at every start of the venv's Python, who started it (issue 35, point 4).
+VENV = "/opt/standin-venv"
+NOBODY = 65534
+PTH_RAN = "/var/tmp/cleanslate-pth-ran"
+PTH = "import os, sys; open(%r, 'a').write('%%d %%s\\n' %% (os.getuid(), sys.argv[:1]))\n" % PTH_RAN
 
 
 def canaries(run: str) -> dict:
@@ -64,11 +72,18 @@ def runs(fleet_session, tmp_path_factory):
         if not fleet.hosts[name].running():
             fleet.boot(name)
         engines.install(fleet.hosts[name].root)
+    python = fleet.run("node1", ["/usr/bin/python3", "-c", "import sys; print('python%d.%d' % sys.version_info[:2])"]).stdout.strip()
+    site = engines.install_venv(fleet.hosts["node1"].root, VENV, "vllm", python, NOBODY)
+    pth = fleet.hosts["node1"].root / site.lstrip("/") / "zz-who-ran.pth"
+    pth.write_text(PTH)
+    os.lchown(pth, NOBODY, NOBODY)
+    fleet.run("node1", ["sh", "-c", f"rm -f {PTH_RAN}; install -m 0666 /dev/null {PTH_RAN}"])
+    venv = {"node1": {"inference_service_venv": VENV}, "node2": {}}
     first, second = canaries("run"), canaries("check")
 
     def run(secrets, check, verbosity):
         for name in HOSTS:
-            (host_vars / f"{name}.yml").write_text(yaml.safe_dump(dict(base_vars(name),
+            (host_vars / f"{name}.yml").write_text(yaml.safe_dump(dict(base_vars(name), **venv[name],
                                                                        inference_service_secrets=secrets[name])))
         proc, report = play(fleet, workdir / "reports", ",".join(HOSTS), extra=[verbosity], check=check)
         markdown = "".join(path.read_text() for path in (workdir / "reports").glob("*.md"))
@@ -88,6 +103,8 @@ def runs(fleet_session, tmp_path_factory):
                                              "/dev/shm/nccl-standin-*; systemctl daemon-reload; "
                                              f"systemctl reset-failed {UNIT}"], check=False)
             engines.uninstall(fleet.hosts[name].root)
+        shutil.rmtree(fleet.hosts["node1"].root / VENV.lstrip("/"), ignore_errors=True)
+        (fleet.hosts["node1"].root / PTH_RAN.lstrip("/")).unlink(missing_ok=True)
 
 
 def host_texts(fleet, name: str) -> dict:
@@ -155,3 +172,20 @@ def test_no_secret_reaches_the_journal_output_reports_metrics_unit_or_cmdline(ru
     assert logged and all(planted["node2"][where] not in line for line in logged
                           for where in ("run hf_token", "run environment.WANDB_API_KEY"))
     assert any(planted["node2"]["run api_key"] in line for line in logged)
+
+
+def test_root_never_starts_the_service_users_python_in_a_real_run_nor_in_check_mode(runs, fleet_session):
+    """Issue 35, point 4, on systemd: node1's vLLM is served from a venv nobody owns, with a .pth of
+    nobody's in its site-packages that notes each start of the venv's Python (uid, argv[0]). After
+    the real run and the `--check --diff -vvv` run, the one start by root is the server's own (its
+    unit runs as root here, inference_service_user empty: the operator's choice), never a probe of
+    the role's. On d3c1d0d the version probe ran `python -c 'import importlib.metadata ...'` as root
+    in both runs ("0 ['-c']")."""
+    (real, real_report, dummy), (check, dummy, dummy), dummy = runs
+    assert real.returncode == 0 and check.returncode == 0, real.stdout[-3000:] + check.stdout[-3000:]
+    assert rows_by_host(real_report)["node1"]["service"]["status"] == "ready"
+    assert "argv[]=%s/bin/vllm serve " % VENV in fleet_session.run("node1", ["systemctl", "show", "-P", "ExecStart", UNIT]).stdout
+    starts = (fleet_session.hosts["node1"].root / PTH_RAN.lstrip("/")).read_text().splitlines()
+    server = "0 ['%s/bin/vllm']" % VENV
+    assert server in starts, starts  # the .pth runs at each start of that Python
+    assert [line for line in starts if line.startswith("0 ") and line != server] == [], starts

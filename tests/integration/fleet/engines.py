@@ -10,6 +10,7 @@ The host must have this repository's tests/ at /opt/cleanslate/tests (the fleet'
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -66,6 +67,26 @@ def install(root: Path, gpus: int = GPUS) -> dict:
         set_version(root, engine, newest(engine))
     FakeNvml(root / NVML_STATE.lstrip("/")).create(gpu_count=gpus)
     return {"executables": ["/usr/local/bin/" + engine for engine in STANDIN_ENGINES], "nvml_state": NVML_STATE}
+
+
+def install_venv(root: Path, venv: str, engine: str, python: str, owner: int) -> str:
+    """The stand-in as `engine` in a venv at `venv` on the host (over the host's /usr/bin/python3,
+    `python` its pythonX.Y), owned by the user `owner` as a service user's venv is, with the
+    dist-info pip leaves; returns the host-side site-packages, where that user may drop a .pth."""
+    prefix = Path(root) / venv.lstrip("/")
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python3").symlink_to("/usr/bin/python3")
+    (prefix / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n")
+    site = prefix / "lib" / python / "site-packages"
+    info = site / ("%s-%s.dist-info" % (engine, newest(engine)))
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: %s\nVersion: %s\n" % (engine, newest(engine)))
+    executable = prefix / "bin" / engine
+    executable.write_text(WRAPPER.format(engine=engine, parent=PARENT).replace("#!/usr/bin/python3", "#!%s/bin/python3" % venv, 1))
+    executable.chmod(0o755)
+    for path in [prefix, *prefix.rglob("*")]:
+        os.lchown(path, owner, owner)
+    return "/" + str(site.relative_to(root))
 
 
 def uninstall(root: Path) -> None:
