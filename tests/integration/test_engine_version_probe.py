@@ -239,7 +239,7 @@ def test_a_shebang_naming_a_script_never_runs_it_and_its_output_is_no_host_fact(
     assert found["script"]["look"]["config_dir"]["state"] == "unsafe", found["script"]
     assert "inference_service_config_dir %s is not a directory that root owns" % found["script"]["look"]["config_dir"]["path"] \
         in found["script"]["reason"], found["script"]
-    assert "may be written by others than root" in found["script"]["reason"], found["script"]
+    assert "shared may be written by others (mode 0777)" in found["script"]["reason"], found["script"]
 
 
 def test_the_cpu_build_of_vllm_is_read_as_vllm(hostile):

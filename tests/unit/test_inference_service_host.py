@@ -92,13 +92,13 @@ def test_the_hosts_other_declared_instances_are_no_leftovers_but_an_undeclared_u
 
 def test_missing_executable_user_and_directory_are_each_one_sentence():
     found = problems(facts(usable=False, user=False, config_dir="unsafe",
-                           config_problem="/etc/cleanslate may be written by others than root (mode 0777)"), user="svc")
+                           config_problem="/etc/cleanslate may be written by others (mode 0777)"), user="svc")
     assert len(found) == 3
     assert found[0].startswith("the executable /usr/local/bin/vllm does not exist")
     assert found[1] == "the user svc does not exist (inference_service_user)"
     assert found[2] == ("inference_service_config_dir /etc/cleanslate/inference is not a directory that root owns and "
                         "only root may write: it would hold the secrets, and the role changes no existing directory "
-                        "(/etc/cleanslate may be written by others than root (mode 0777))")
+                        "(/etc/cleanslate may be written by others (mode 0777))")
 
 
 def test_a_missing_directory_is_fine_the_role_creates_it():
