@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The trust boundaries' run: every test docs/security.md names, run once, reported by rule.
 
     .venv/bin/python tools/security_run.py [pytest options]
@@ -14,8 +13,8 @@ import re
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / "docs" / "security.md"
