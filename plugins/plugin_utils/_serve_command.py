@@ -24,6 +24,7 @@ import shlex
 from urllib.parse import urlsplit, urlunsplit
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker, secret_values
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import EngineFlags, FlagError
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _speculative_rules
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _systemd_quote as systemd
@@ -269,8 +270,11 @@ class _Builder:
                 or s["model"].startswith("-") or not _utf8(s["model"]):
             self.problem("%s must name the model (a Hugging Face repository or a local path), got %s"
                          % (_var("model"), _shown(s["model"])))
+        # The secrets (the action's `secrets`, when given) are masked before the value is cut: the
+        # action masks every sentence again, but half a key cut at 80 characters would not match.
+        mask = Masker([value for dummy, value in secret_values(s.get("secrets"))])
         for name, fault in (("served_name", served_name_fault), ("unit", unit_fault)):
-            sentence = value_sentence(_var(name), s[name], fault(s[name]))
+            sentence = value_sentence(_var(name), s[name], fault(s[name]), mask)
             if sentence:
                 self.problem(sentence)
         if not _int(s["tensor_parallel_size"]) or not 1 <= s["tensor_parallel_size"] <= 1024:

@@ -55,6 +55,10 @@ def test_a_secret_in_a_long_served_name_is_masked_before_the_value_is_cut():
     found = inference_service_problems({"inference_service_served_name": "m" * 40 + " " + key,
                                         "inference_service_secrets": {"api_key": key}})
     assert len(found) == 1 and "kkkkkkkkkk" not in found[0], found
+    # The command line's builder alone (cleanslate.gpu.inference_args in a play of one's own, with
+    # its `secrets`): its sentence is the name rule's, and the key is masked before the cut too.
+    message = refused(served_name="m" * 40 + " " + key, secrets={"api_key": key})
+    assert message.startswith("inference_service_served_name is ") and "kkkkkkkkkk" not in message, message
 
 
 # --- the unit name -------------------------------------------------------------------------------
