@@ -315,10 +315,5 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
         released.append({"middle": middle, "held_at": call.path.decode()})
 
     with SyscallGate(ns.scratch, hold=["openat"], handler=on_call) as gate:
-        # A grace longer than FAST's: the server under the gate must die of its SIGTERM in round 1 even
-        # on a loaded machine (a SIGKILL round for it instead left the successor to a later round:
-        # seen once in a CI-like run, with the unit tests of three Pythons beside it). The rounds end
-        # as soon as it is gone, so an idle run is as fast.
-        result = ns.module("gpu_reset", dict(FAST, grace_period=10, device_paths=device_paths), env=NO_NVML,
-                           python=gate.python)
+        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths), env=NO_NVML, python=gate.python)
     return {"result": result, "released": released, "left": ns.mappers(watch)}
