@@ -284,9 +284,9 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
     middle process held on the FIFO detach_hold) is stopped by gpu_reset under a seccomp gate
     (tests/syscall_gate.py) that holds the module at its first read of a process's stat once the
     holder is gone: the scan after the round has listed /proc. The test then lets the middle
-    process fork the successor and waits until the middle has exited, so the successor is in no
-    listing that scan took, and its parent is gone when the scan reads it. Returns the result and
-    who maps the watched paths after the run."""
+    process fork the successor and waits until the middle has exited and the successor has taken
+    its name, so the successor is in no listing that scan took, and its parent is gone when the
+    scan reads it. Returns the result and who maps the watched paths after the run."""
     import os  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
     from tests.functional.pidns import read_stat  # pylint: disable=import-outside-toplevel
@@ -301,6 +301,17 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
     def gone(pid):
         return (read_stat(pid) or ("X",))[0] in ("Z", "X")
 
+    def named(comm):
+        # The successor takes its name after its fork: until then a scan reads the middle's name.
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open("/proc/%s/comm" % entry, "rb") as handle:
+                    if handle.read().strip() == comm.encode():
+                        return True
+            except OSError:
+                continue
+        return False
+
     def on_call(call):
         if released or not (call.path or b"").startswith(b"/proc/") or not call.path.endswith(b"/stat"):
             return
@@ -310,7 +321,7 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
             handle.write(b"+")
         middle = int(open(fifo + ".pid").read())
         deadline = time.monotonic() + 60  # a bound for a hung middle process, not a measurement
-        while not gone(middle) and time.monotonic() < deadline:
+        while not (gone(middle) and named("successor")) and time.monotonic() < deadline:
             time.sleep(0.01)
         released.append({"middle": middle, "held_at": call.path.decode()})
 

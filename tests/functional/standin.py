@@ -72,8 +72,12 @@ class Engine:
             return exc.code, exc.read()
 
     def refused(self) -> bool:
+        """True once nothing listens on the port. A reset is not yet a refusal: a connection
+        that reached the backlog of a listener closing at that moment is reset, not refused."""
         try:
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
+            return False
+        except ConnectionResetError:
             return False
         except ConnectionRefusedError:
             return True
