@@ -58,6 +58,11 @@ PHASES = (("roles/node_reset/", "reset"), ("tasks/validate.yml", "configuration 
           ("tasks/assess.yml", "assessment"), ("tasks/files.yml", "unit and files"),
           ("tasks/service.yml", "start"), ("tasks/gate.yml", "gate"),
           ("roles/inference_service/", "serve, other"), ("", "report and bookkeeping"))
+# Actions that run on the controller alone: a task of these, or one delegated, is no host contact.
+CONTROLLER_ACTIONS = {"ansible.builtin." + name for name in (
+    "set_fact", "assert", "fail", "debug", "include_tasks", "include_role", "import_tasks", "import_role",
+    "meta", "set_stats", "add_host", "group_by", "include_vars")} | {"cleanslate.gpu." + name for name in (
+        "inference_args", "fleet_report", "fleet_preflight", "fleet_verdict", "heal_breaker")}
 UNIT = "inference-server.service"
 PLAYBOOK = [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset_and_serve.yml"]
 ROLE_VARS = {
@@ -118,7 +123,9 @@ def profiled_playbook(fleet, reports: Path) -> dict:
     return {"seconds": seconds, "serving_s": serving, "phases": phases, "gate_s": service["gate_s"],
             "ready_s": service.get("ready_s"), "tasks": timed["tasks"],
             # Skipped ones too: each costs the controller a worker even when the host is not contacted.
-            "tasks_started": sum(1 for _s, path, _n in timed["tasks"] if path)}
+            "tasks_started": sum(1 for _s, path, _n in timed["tasks"] if path),
+            "host_contacts": sum(1 for _path, action, delegated in timed["ran"]
+                                 if action not in CONTROLLER_ACTIONS and not delegated)}
 
 
 def ritual(fleet) -> float:
@@ -206,6 +213,8 @@ def main():
     (out / name).write_text(json.dumps(report, indent=2))
     for key, value in med.items():
         print(f"{key:12s} {value:7.2f} s  (all: {', '.join('%.2f' % v for v in times[key])})")
+    print("ours, host contacts per run (tasks a host ran, not on the controller alone): %s"
+          % ", ".join(str(one["host_contacts"]) for one in rounds))
     print("ours, median seconds per phase:")
     for name, value in sorted(phases.items(), key=lambda item: -item[1]):
         print(f"  {name:24s} {value:6.2f}")

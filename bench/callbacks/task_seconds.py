@@ -5,7 +5,9 @@ Enabled by bench/bench_inference_service.py (ANSIBLE_CALLBACK_PLUGINS=bench/call
 ANSIBLE_CALLBACKS_ENABLED=task_seconds) with BENCH_TASK_SECONDS naming the file to write. A task's
 time runs from its start to the next task's start (or the end of the run): what the run waits for
 it, the worker, the host contact and the module included. The file: {"total_s", "tasks": [[seconds,
-"path:line", "name"], ...]} in the order the tasks ran.
+"path:line", "name"], ...], "ran": [["path:line", "action", delegated], ...]} in the order the tasks
+ran; "ran" lists each task that some host ran (not skipped by every host), with its action and
+whether it was delegated, from which the benchmark counts the host contacts.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class CallbackModule(CallbackBase):
         self.started = self.mark = time.monotonic()
         self.current = None
         self.tasks = []
+        self.ran = {}  # task uuid -> [path, action, delegated], once a host ran it
 
     def _next(self, current):
         now = time.monotonic()
@@ -51,9 +54,24 @@ class CallbackModule(CallbackBase):
         # The play's own start (its hosts, its variables) is not the last task's time.
         self._next(("", "play: %s" % play.get_name()))
 
+    def _ran(self, result):
+        task = result._task  # pylint: disable=protected-access
+        self.ran.setdefault(task._uuid, [task.get_path() or "", task.action,  # pylint: disable=protected-access
+                                         bool(task.delegate_to)])
+
+    def v2_runner_on_ok(self, result):
+        self._ran(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._ran(result)
+
+    def v2_runner_on_unreachable(self, result):
+        self._ran(result)
+
     def v2_playbook_on_stats(self, stats):
         self._next(None)
         path = os.environ.get("BENCH_TASK_SECONDS")
         if path:
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump({"total_s": round(time.monotonic() - self.started, 3), "tasks": self.tasks}, handle)
+                json.dump({"total_s": round(time.monotonic() - self.started, 3), "tasks": self.tasks,
+                           "ran": list(self.ran.values())}, handle)
