@@ -65,8 +65,8 @@ def blocks(text: str, tool: str, where: str) -> list:
             continue
         if match.group("kind") == "BEGIN":
             if open_block:
-                raise SystemExit("%s:%d: %s opens a block inside the one opened at line %d; close it first"
-                                 % (where, number + 1, tool, open_block.begin + 1))
+                raise SystemExit("%s:%d: the BEGIN marker of %s is not closed by its END line before the next BEGIN, "
+                                 "at line %d" % (where, open_block.begin + 1, tool, number + 1))
             open_block = Block(number, None, match.group("label"), match.group("indent"), match.group("open") == "<!-- ")
         elif not open_block or open_block.label != match.group("label"):
             raise SystemExit("%s:%d: an END marker of %s%s with no BEGIN before it"
@@ -76,7 +76,7 @@ def blocks(text: str, tool: str, where: str) -> list:
             found.append(open_block)
             open_block = None
     if open_block:
-        raise SystemExit("%s:%d: the BEGIN marker of %s is never closed by its END line" % (where, open_block.begin + 1, tool))
+        raise SystemExit("%s:%d: the BEGIN marker of %s is not closed by its END line" % (where, open_block.begin + 1, tool))
     return found
 
 
