@@ -20,7 +20,8 @@ export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint changelog-lint mutate bench gpu-wheels clean \
-	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook
+	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook \
+	generate check-generated
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -53,7 +54,16 @@ $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(V
 demo: setup
 	$(PY) tools/demo.py
 
-test: setup sanity pytest versions-ci ee lint
+test: setup check-generated sanity pytest versions-ci ee lint
+
+# Every generated text (tools/generate.py: the list of generators, in order, and the convention of
+# their marked blocks): `make generate` writes it; `make check-generated` (in `make test`, under a
+# second) fails naming each stale file. The flag data has its own target (flag-data).
+generate: $(VENV)/.installed $(LINK)
+	$(PY) tools/generate.py
+
+check-generated: $(VENV)/.installed $(LINK)
+	$(PY) tools/generate.py --check
 
 sanity: setup
 	$(PY) tools/prepare_ansible_test.py $(BUILD)/ansible-test >/dev/null

@@ -14,11 +14,15 @@ Usage: python tools/gen_instance_tasks.py [--check] [--root DIR]
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools import _generated  # noqa: E402  pylint: disable=wrong-import-position
+
+TOOL = _generated.tool_of(__file__)
 
 SPEC = Path("roles") / "inference_service" / "meta" / "argument_specs.yml"
 TASKS = Path("roles") / "inference_service" / "tasks" / "instance.yml"
@@ -38,7 +42,7 @@ def instance_keys(root: Path) -> list:
     """The keys an instance may set: the filter's rule (which of the spec's variables are the host's)."""
     sys.path.insert(0, str(root.parents[2]) if root.parent.name == "cleanslate" else str(root / ".ansible" / "collections"))
     from ansible_collections.cleanslate.gpu.plugins.filter import inference_service_instances  # pylint: disable=import-outside-toplevel
-    spec = yaml.safe_load((root / SPEC).read_text(encoding="utf-8"))["argument_specs"]["main"]["options"]
+    spec = yaml.safe_load(_generated.read(root, SPEC))["argument_specs"]["main"]["options"]
     return sorted(name[len(PREFIX):] for name in spec
                   if name[len(PREFIX):] not in inference_service_instances.NOT_PER_INSTANCE)
 
@@ -48,23 +52,13 @@ def render(root: Path) -> str:
     return HEADER + "".join('    %s%s: "{{ __inference_service_instance.%s }}"\n' % (PREFIX, key, key) for key in keys)
 
 
+def generated(root: Path) -> dict:
+    """{the include: its whole text}."""
+    return {TASKS: render(root)}
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
-    args = parser.parse_args(argv)
-    text = render(args.root)
-    path = args.root / TASKS
-    current = path.read_text(encoding="utf-8") if path.exists() else None
-    if args.check:
-        if current != text:
-            print("%s differs from %s: run tools/gen_instance_tasks.py" % (TASKS, SPEC))
-            return 1
-        return 0
-    if current != text:
-        path.write_text(text, encoding="utf-8")
-        print("%s: regenerated" % TASKS)
-    return 0
+    return _generated.main(argv, generated, __doc__, TOOL)
 
 
 if __name__ == "__main__":

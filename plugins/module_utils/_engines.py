@@ -11,8 +11,8 @@ secrets reach the engine, the speculative dialect), the readiness gate (modules/
 health paths, health timeout, metric names), the host look (modules/inference_host.py: the
 distributions whose version is read), the argument specs of inference_args and
 inference_ready (their choices), and tools/gen_engine_docs.py, which writes the engine list into
-the documented choices and the role's spec, and docs/inference_service.md's engine table (a unit
-test fails until it is run). What an engine version accepts on its command line is its flag data
+the modules' documented choices and docs/inference_service.md's engine table (`make generate`; a
+unit test fails until it is run). What an engine version accepts on its command line is its flag data
 (roles/inference_service/files/flags/, from its real parser), not this file.
 """
 

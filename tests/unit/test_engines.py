@@ -1,16 +1,18 @@
 """The engines' registry (plugins/module_utils/_engines.py): every flag it names is one the engine's
 own parser has, in every version the role has flag data for; the documented choices, the role's
-spec and docs/inference_service.md's table say what it says (tools/gen_engine_docs.py)."""
+spec and docs/inference_service.md's table say what it says (tools/gen_engine_docs.py; that they are
+current: tests/unit/test_generate.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from tools import gen_engine_docs
+from tools.checkout_copy import copy_checkout
 
 REPO = Path(__file__).resolve().parents[2]
 FLAGS = REPO / "roles" / "inference_service" / "files" / "flags"
@@ -41,34 +43,23 @@ def test_every_engine_has_flag_data_and_a_complete_entry():
         assert engine["health_paths"][0] == "/health" and engine["health_timeout_s"] > 0
 
 
-def test_the_choices_and_the_engine_table_are_the_registrys():
-    assert gen_engine_docs.main(["--check"]) == 0, "run tools/gen_engine_docs.py"
-
-
-def scratch_root(tmp_path: Path) -> Path:
-    """The files the generator reads and writes, copied; the collection is this checkout's."""
-    root = tmp_path / "root"
-    for path in list(gen_engine_docs.CHOICES) + [gen_engine_docs.DOC]:
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / path, root / path)
-    shutil.copytree(FLAGS, root / FLAGS.relative_to(REPO))
-    (root / ".ansible").mkdir()
-    (root / ".ansible" / "collections").symlink_to(REPO / ".ansible" / "collections")
-    return root
+def test_the_roles_engine_choices_are_the_registrys():
+    spec = yaml.safe_load((REPO / "roles" / "inference_service" / "meta" / "argument_specs.yml").read_text(encoding="utf-8"))
+    assert spec["argument_specs"]["main"]["options"]["inference_service_engine"]["choices"] == list(ENGINES)
 
 
 def test_a_stale_choice_list_or_table_is_named_then_rewritten(tmp_path, capsys):
-    root = scratch_root(tmp_path)
-    spec = root / "roles" / "inference_service" / "meta" / "argument_specs.yml"
-    spec.write_text(spec.read_text(encoding="utf-8").replace(
-        "choices: [%s]" % ", ".join(ENGINES), "choices: [vllm]"), encoding="utf-8")
+    root = copy_checkout(REPO, tmp_path / "root")
+    stub = root / "plugins" / "modules" / "inference_args.py"
+    stub.write_text(stub.read_text(encoding="utf-8").replace(
+        "    choices: [%s]" % ", ".join(ENGINES), "    choices: [vllm]"), encoding="utf-8")
     doc = root / gen_engine_docs.DOC
     doc.write_text(doc.read_text(encoding="utf-8").replace("| 30 s |", "| 20 s |"), encoding="utf-8")
     assert gen_engine_docs.main(["--check", "--root", str(root)]) == 1
     said = capsys.readouterr().out
-    assert "argument_specs.yml" in said and "inference_service.md" in said and "inference_ready.py" not in said
+    assert "inference_args.py" in said and "inference_service.md" in said and "inference_ready.py" not in said
     assert gen_engine_docs.main(["--root", str(root)]) == 0
-    assert "choices: [%s]" % ", ".join(ENGINES) in spec.read_text(encoding="utf-8")
+    assert stub.read_text(encoding="utf-8") == (REPO / "plugins" / "modules" / "inference_args.py").read_text(encoding="utf-8")
     assert gen_engine_docs.main(["--check", "--root", str(root)]) == 0
 
 
