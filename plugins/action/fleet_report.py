@@ -5,9 +5,8 @@
 
 """Write the fleet report (JSON and Markdown) on the controller, in the controller's process.
 
-The report play used file, copy and template: five module runs on localhost, which cost more
-than three seconds of a reset that should take a few. An action plugin writes both files
-directly and returns the table for the play to print.
+An action plugin, not file, copy and template tasks: it writes both files itself, with no
+module run (fewer tasks: docs/design.md#why-tasks-are-few), and returns the table for the play to print.
 
 Each host's row (its figures from node_reset_result) is plugin_utils/_report_rows.py's; this
 file merges the playbooks' rows into it, renders the Markdown and writes both files.

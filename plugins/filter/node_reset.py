@@ -5,9 +5,8 @@
 
 """The node_reset role's two computations, in Python: the checks of its variables and its result.
 
-Filters, not set_fact tasks: each is one call per host that costs a few milliseconds, where the
-same rules as Jinja cost about as much controller CPU as a module run (docs/design.md#why-tasks-are-few),
-and the rules read as code.
+Filters, not Jinja in set_fact tasks: a few milliseconds per host, and the rules read as code
+(fewer tasks: docs/design.md#why-tasks-are-few).
 """
 
 from __future__ import annotations
