@@ -21,7 +21,7 @@ description:
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
     RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
     results of the steps done so far.
-  - One task instead of four: the controller pays for one task per host, not four (the collection's
+  - One task instead of four, so that the controller pays for one task per host, not four (the collection's
     C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role runs its steps with it; the four
     modules stay usable one by one.
 extends_documentation_fragment:
