@@ -9,7 +9,7 @@ targeted, and is every role variable given one the roles know?
 Ansible ends a run whose limit matches hosts, none of them in the play's group, with
 "skipping: no hosts matched" and exit status 0: an AWX job with a wrong inventory "succeeds".
 And a misspelled role variable (node_reset_grace_period) is ignored without a word. Both are
-checked here, in Python, once: a task per host would cost the controller a worker per host.
+checked here, in Python, once per run (fewer tasks: docs/design.md#why-tasks-are-few).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class ActionModule(ControllerAction):
             raise AnsibleActionFail(no_target_message(group, task_vars.get("ansible_limit"), groups,
                                                       task_vars.get("ansible_inventory_sources")))
         # The variables as the first targeted host sees them: extra vars, play vars, its group
-        # and host vars. One host's view: reading every host's would cost the controller per host.
+        # and host vars: one host's view, not every host's (docs/design.md#why-tasks-are-few).
         hostvars = task_vars.get("hostvars") or {}
         first = hostvars[hosts[0]] if hosts[0] in hostvars else {}
         names = list(first.keys()) if isinstance(first, Mapping) else []

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
-    inference_service_secret_problems, secret_masker)
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
+    inference_service_secret_problems, secret_masker)
 
 ARGUMENT_SPEC = {
     "engine": {"type": "str", "required": True, "choices": ENGINE_NAMES},

@@ -6,10 +6,8 @@
 """The reset's module steps in one task: pycache_purge, gpu_reset, shm_clean, nvml_verify.
 
 Each step is its module, run on the host as a task of its own would run it (the same
-arguments, environment, check and diff mode). What one task saves, per host, is the rest of a
-task: the worker process Ansible forks, the host's variables built by its main process, the
-task's own templates and callbacks. On the fleet bench (docs/fleet_scale.md) that was 0.07 s
-of controller CPU per host (0.70 to 0.63 on 24 hosts), three tasks' worth.
+arguments, environment, check and diff mode); one task instead of four (fewer tasks:
+docs/design.md#why-tasks-are-few).
 
 The steps run in the design's order and stop at the first one that fails (its name is
 `failed_step`) or finds the host gone (the result is then unreachable, with the steps done so

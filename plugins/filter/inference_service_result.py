@@ -5,10 +5,9 @@
 
 """The inference_service role's result, and its row keys in the fleet report, in Python.
 
-Both were Jinja: the result built in three set_fact tasks (served, failed while serving, refused
-before anything was touched), each with its own copy of the keys, and the row as some twenty
-templates in the role's vars. Here each outcome is one branch of one function, as node_reset's
-result is (plugins/filter/node_reset.py)."""
+Each outcome (served, failed while serving, refused before anything was touched) is one branch
+of one function that writes the keys once, as node_reset's result is (plugins/filter/node_reset.py);
+a filter, not Jinja in set_fact tasks (fewer tasks: docs/design.md#why-tasks-are-few)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
 
 """The roles' results as Prometheus metric families, for cleanslate.gpu.textfile_metrics.
 
-The figures are the fleet report's (fleet_report.host_row: MiB freed per GPU, seconds per step),
+The figures are the fleet report's (plugin_utils/_report_rows.host_row: MiB freed per GPU, seconds per step),
 so a dashboard and the report never disagree. Every family's name, type and HELP come from
 FAMILIES: node_exporter merges the families of all its files and refuses one whose HELP differs
 between two files, so node_reset's and inference_service's files must say the same words.
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import host_row
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import as_number
 

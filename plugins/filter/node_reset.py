@@ -5,9 +5,8 @@
 
 """The node_reset role's two computations, in Python: the checks of its variables and its result.
 
-Both ran as Jinja in set_fact tasks: about 0.1 CPU-second of the controller per host each (a
-loop over nine number rules, then some twenty expressions over the step results), as much as
-a module run. Here they cost a few milliseconds, and the rules read as code.
+Filters, not Jinja in set_fact tasks: a few milliseconds per host, and the rules read as code
+(fewer tasks: docs/design.md#why-tasks-are-few).
 """
 
 from __future__ import annotations
@@ -305,16 +304,17 @@ def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
     return "ok" if verify.get("ok") else "dirty"
 
 
-def _would(gpu_reset, shm, pycache) -> list:
-    """What a read-only run found for a reset to do: the reasons a verified host is dirty."""
+def _would(steps: Mapping) -> list:
+    """What a read-only run found for a reset to do, one sentence per step that acts, in the
+    reset's order: the reasons a verified host is dirty."""
     would = []
-    if _list(gpu_reset, "targets"):
-        would.append("a reset would stop %s" % count_of(len(_list(gpu_reset, "targets")), "process"))
-    if _list(shm, "removed"):
-        would.append("a reset would remove %s, %s"
-                     % (count_of(len(_list(shm, "removed")), "shared memory segment"), human_bytes(shm.get("bytes_freed"))))
-    if _list(pycache, "removed"):
-        would.append("a reset would remove %s" % count_of(len(_list(pycache, "removed")), "bytecode file"))
+    for step in _steps.MODULE_STEPS:
+        found = _steps.found(steps, step)
+        if found:
+            sentence = "a reset would %s %s" % (step.would, count_of(len(found), step.found_words))
+            if step.found_bytes:
+                sentence += ", " + human_bytes(_step(steps, step.module).get(step.found_bytes))
+            would.append(sentence)
     return would
 
 
@@ -353,6 +353,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         steps = {}
     reach, gpu_reset, sweep = _step(steps, "pve_reach"), _step(steps, "gpu_reset"), _step(steps, "pve_sweep")
     shm, pycache, verify = _step(steps, "shm_clean"), _step(steps, "pycache_purge"), _step(steps, "nvml_verify")
+    acting = [_step(steps, step.module) for step in _steps.MODULE_STEPS if step.acts] + [sweep]
     unit_done = unit_result(_step(steps, "unit"), unit)
     units_done = units_result(_step(steps, "units"), units)
     unreachable = ["unreachable: %s" % _step(steps, name).get("msg") for name in _steps.REACHING
@@ -373,7 +374,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         if "gpus" not in verify and verify.get("msg") and not verify.get("unreachable"):
             problems.append(str(verify["msg"]))
         if status == "dirty" and read_only:
-            problems += _would(gpu_reset, shm, pycache)
+            problems += _would(steps)
     if status == "unreachable" and not failed_step:
         failed_step = "unreachable"
     killed = _list(gpu_reset, "killed") + _list(sweep, "killed")
@@ -391,7 +392,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         # A swept container is ok when the sweep left no survivor.
         "ok": ok,
         "fails_host": fails_host(ok, status, kind, read_only),
-        "changed": any(bool(step.get("changed")) for step in (gpu_reset, shm, pycache, sweep))
+        "changed": any(bool(step.get("changed")) for step in acting)
         or bool(unit_done.get("stopped")) or any(done["stopped"] for done in units_done),
         "failed_step": failed_step,
         # The failed step's own message; a refused variable or a host that did not answer is in `problems`.

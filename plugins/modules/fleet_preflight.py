@@ -22,7 +22,7 @@ description:
     ignored without a word. Names starting with C(__) (the roles' own) and names without those prefixes are not
     checked.
   - The variables checked are those the first targeted host of O(group) sees (extra vars, play vars, its group and host
-    vars); reading every host's would cost the controller time per host.
+    vars), not every host's, so that the check costs the same on one host or on a thousand.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow

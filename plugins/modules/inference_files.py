@@ -16,7 +16,7 @@ description:
     C(--config) file) with the texts given, and writes those that differ, each atomically (a temporary name in the
     same directory that ends in neither C(.service) nor C(.prom), synced, renamed over the old file). The role
     C(cleanslate.gpu.inference_service) renders the texts on the controller from its templates and calls this module
-    once (two C(ansible.builtin.template) tasks cost ten host contacts even when nothing changed).
+    once, in one host contact (the collection's C(docs/design.md), "Why tasks are few").
   - Every file is examined before any is written, so a refusal leaves every file as it was.
   - The unit file is written only when it does not exist or its first line is O(unit.marker) (the role wrote it), or
     with O(unit.adopt) (a file the role did not write, taken over; the old file is kept beside it as

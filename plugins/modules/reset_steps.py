@@ -21,9 +21,9 @@ description:
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
     RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
     results of the steps done so far.
-  - One task instead of four saves, for every host, three of what a task costs the controller beyond its module run
-    (a worker process, the host's variables, the task's templates). The C(cleanslate.gpu.node_reset) role runs its
-    steps with it; the four modules stay usable one by one.
+  - One task instead of four, so that the controller pays for one task per host, not four (the collection's
+    C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role runs its steps with it; the four
+    modules stay usable one by one.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow

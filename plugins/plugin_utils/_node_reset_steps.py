@@ -22,12 +22,27 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANG
 class Step:
     """One module step: `options` are the module options the role passes, each from the role
     variable node_reset_<module>_<option>; `omit_empty` those passed only when not empty (the
-    module wants them absent, not empty); `found` the result list that a reset would act on (a
-    read-only run is `clean` only when every step's is empty); `does` the step in words."""
+    module wants them absent, not empty); `does` the step in words.
 
-    def __init__(self, module, options, does, omit_empty=(), found=None, found_words=None):
+    A step that acts on the host (`acts`) names what it acts on: `found`, the result list that
+    a reset would act on (a read-only run is `clean` only when every step's is empty); `would`,
+    what a reset does to each ("stop"); `found_words`, one of them in words ("process");
+    `found_bytes`, the result's size of them, when it has one. node_reset_result's `changed`
+    and a read-only run's "a reset would ..." sentences read these, for every step that acts."""
+
+    def __init__(self, module, options, does, omit_empty=(), found=None, would=None, found_words=None,
+                 found_bytes=None):
+        if found and not (would and found_words):
+            raise ValueError("step %s lists %s: it needs `would` and `found_words` for the report's sentence"
+                             % (module, found))
         self.module, self.options, self.does = module, tuple(options), does
-        self.omit_empty, self.found, self.found_words = tuple(omit_empty), found, found_words
+        self.omit_empty, self.found, self.would = tuple(omit_empty), found, would
+        self.found_words, self.found_bytes = found_words, found_bytes
+
+    @property
+    def acts(self) -> bool:
+        """Whether the step changes the host: it has a list of what it acts on."""
+        return bool(self.found)
 
     def variable(self, option: str) -> str:
         return "node_reset_%s_%s" % (self.module, option)
@@ -41,14 +56,15 @@ class Step:
 MODULE_STEPS = (
     Step("pycache_purge", ("paths", "modules", "python", "mode"),
          "remove bytecode that no longer matches its source, only when paths or modules are given",
-         omit_empty=("paths", "modules", "python"), found="removed", found_words="bytecode file"),
+         omit_empty=("paths", "modules", "python"), found="removed", would="remove", found_words="bytecode file"),
     Step("gpu_reset", ("device_paths", "gpus", "cmdline_patterns", "cgroup", "users", "protect_names",
                        "spare_units", "spare_gpus", "include_children", "grace_period", "kill_timeout"),
          "stop every process that holds a GPU or matches cmdline_patterns, with SIGTERM, a grace period, then SIGKILL",
-         found="targets", found_words="process"),
+         found="targets", would="stop", found_words="process"),
     Step("shm_clean", ("path", "patterns", "exclude", "min_age", "remove_in_use"),
          "remove leftover shared memory segments that no live process has open or mapped",
-         found="removed", found_words="shared memory segment"),
+         found="removed", would="remove", found_words="shared memory segment",
+         found_bytes="bytes_freed"),
     Step("nvml_verify", ("gpus", "expected_count", "max_memory_used_mib", "allow_processes", "timeout",
                          "poll_interval", "checks"),
          "poll NVML until every GPU is clean and healthy, else say why",

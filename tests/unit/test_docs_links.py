@@ -126,3 +126,29 @@ def test_a_named_test_that_is_gone_is_found():
     text = ("`tests/unit/test_docs_links.py::test_named_tests_exist`, `::test_a_named_test_that_is_gone_is_found`, "
             "`::test_no_such_thing`, `tests/unit/nowhere.py::test_x`")
     assert missing_tests(text) == ["tests/unit/test_docs_links.py::test_no_such_thing", "tests/unit/nowhere.py::test_x"]
+
+
+# A pointer from the code to a section of a page: `docs/design.md#why-tasks-are-few` in a comment.
+SECTION_POINTER = re.compile(r"\b(docs/[\w.-]+\.md)#([\w-]+)")
+
+
+def broken_section_pointers(texts) -> list:
+    """The pointers to a page's section, in (name, text) pairs, whose page or heading is gone."""
+    broken = []
+    for name, text in texts:
+        for page, anchor in SECTION_POINTER.findall(text):
+            if not (REPO / page).exists() or anchor not in anchors(REPO / page):
+                broken.append("%s: %s#%s" % (name, page, anchor))
+    return broken
+
+
+def test_the_codes_pointers_to_a_section_of_the_docs_resolve():
+    files = [path for top in ("plugins", "roles", "playbooks") for path in sorted((REPO / top).rglob("*"))
+             if path.suffix in (".py", ".yml", ".j2") and path.is_file()]
+    broken = broken_section_pointers((str(path.relative_to(REPO)), path.read_text()) for path in files)
+    assert not broken, "pointers to no heading: %s" % ", ".join(broken)
+
+
+def test_a_pointer_to_a_renamed_section_is_found():
+    assert broken_section_pointers([("x.yml", "# fewer tasks: docs/design.md#why-tasks-are-many")]) == [
+        "x.yml: docs/design.md#why-tasks-are-many"]

@@ -203,9 +203,10 @@ def test_a_verify_run_is_clean_only_when_a_reset_would_do_nothing():
                   pycache_purge={"changed": False, "removed": [{"path": "y.pyc"}]})
     result = node_reset_result(would, "node1", kind="verify", read_only=True)
     assert result["status"] == "dirty" and result["killed_count"] == 1 and not result["changed"]
-    assert result["problems"] == ["a reset would stop 1 process",
-                                  "a reset would remove 1 shared memory segment, 4.0 KiB",
-                                  "a reset would remove 1 bytecode file"]
+    # In the reset's order (the steps' registry).
+    assert result["problems"] == ["a reset would remove 1 bytecode file",
+                                  "a reset would stop 1 process",
+                                  "a reset would remove 1 shared memory segment, 4.0 KiB"]
     clean = steps(gpu_reset={"targets": []}, shm_clean={"removed": []})
     assert node_reset_result(clean, "node1", kind="verify", read_only=True)["status"] == "clean"
 

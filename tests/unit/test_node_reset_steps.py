@@ -157,6 +157,29 @@ def test_the_docs_and_the_argument_spec_say_the_registrys_order_and_ranges():
 SPEC_PATH = Path("roles") / "node_reset" / "meta" / "argument_specs.yml"
 
 
+def test_a_step_added_to_the_registry_that_acts_counts_in_changed_and_in_what_a_reset_would_do(monkeypatch):
+    """A new acting step is one `Step`: node_reset_result's `changed` and a read-only run's sentences
+    read every step that acts from the registry, none by name."""
+    fence = steps.Step("gpu_fence", ("gpus",), "fence the GPUs' device files", found="fenced", would="fence",
+                       found_words="device file", found_bytes="bytes_locked")
+    assert fence.acts and not steps.BY_MODULE["nvml_verify"].acts
+    monkeypatch.setattr(steps, "MODULE_STEPS", steps.MODULE_STEPS + (fence,))
+    verify = {"ok": True, "gpus": []}
+    done = node_reset_result({"gpu_fence": {"changed": True, "fenced": []}, "nvml_verify": verify}, "node1")
+    assert done["status"] == "ok" and done["changed"] is True
+    would = node_reset_result({"gpu_fence": {"changed": False, "fenced": ["/dev/nvidia0", "/dev/nvidia1"],
+                                             "bytes_locked": 2048}, "nvml_verify": verify},
+                              "node1", kind="verify", read_only=True)
+    assert (would["status"], would["changed"]) == ("dirty", False)
+    assert would["problems"] == ["a reset would fence 2 device files, 2.0 KiB"]
+
+
+def test_a_step_that_lists_what_it_acts_on_must_say_it_in_words():
+    with pytest.raises(ValueError, match="gpu_fence lists fenced"):
+        steps.Step("gpu_fence", ("gpus",), "fence the GPUs", found="fenced")
+
+
+
 def test_the_spared_units_and_gpus_reach_gpu_reset_and_the_units_the_proxmox_sweep():
     """A container's sweep runs on its node, where the container's GPU indices mean nothing but its
     units' names still end its processes' cgroup paths: spare_units goes along, spare_gpus not."""

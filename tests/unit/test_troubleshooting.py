@@ -28,7 +28,8 @@ from ansible_collections.cleanslate.gpu.plugins.action.reset_steps import STEPS 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "docs" / "troubleshooting.md"
 SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "plugins/filter/node_reset.py",
-           "plugins/action/fleet_report.py", "plugins/modules/inference_ready.py", "plugins/action/inference_ready.py",
+           "plugins/action/fleet_report.py", "plugins/plugin_utils/_report_rows.py", "plugins/modules/inference_ready.py",
+           "plugins/action/inference_ready.py", "plugins/plugin_utils/_secret_checks.py",
            "plugins/plugin_utils/_serve_command.py", "plugins/plugin_utils/_engine_flags.py",
            "plugins/filter/inference_service.py", "plugins/plugin_utils/_heal_breaker.py",
            "plugins/modules/inference_files.py", "plugins/modules/inference_host.py",
@@ -153,7 +154,8 @@ def _statuses() -> set:
     """node_reset's statuses (what its status function returns) and the others a row or a
     result is given (a "status" key)."""
     found = set()
-    for source in ("plugins/filter/node_reset.py", "plugins/action/fleet_report.py", "plugins/action/inference_ready.py"):
+    for source in ("plugins/filter/node_reset.py", "plugins/action/fleet_report.py", "plugins/plugin_utils/_report_rows.py",
+                   "plugins/action/inference_ready.py"):
         tree = ast.parse((REPO / source).read_text())
         values = []
         for node in ast.walk(tree):
