@@ -450,8 +450,9 @@ def expanded(args) -> dict:
         raise ValueError("%s must be a mapping of option names to values, got %s" % (SETTINGS_OPTION, type(given).__name__))
     twice = sorted(set(given) & set(args))
     if twice:
-        raise ValueError("%s given both in %s and on their own: %s" % (
-            "options" if len(twice) > 1 else "an option", SETTINGS_OPTION, ", ".join(twice)))
+        raise ValueError("%s given both in %s and on %s own: %s" % (
+            "options" if len(twice) > 1 else "an option", SETTINGS_OPTION, "their" if len(twice) > 1 else "its",
+            ", ".join(twice)))
     args.update(given)
     return args
 
