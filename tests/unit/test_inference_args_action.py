@@ -32,6 +32,9 @@ def act(secrets=None, **overrides):
 def test_no_secret_set_gives_no_secret_file_entry_and_no_config_file():
     dummy, result = act()
     assert result["secret_environment"] == {} and result["secret_config"] == {}
+    # An empty key is none: vLLM given an empty VLLM_API_KEY serves without one.
+    dummy, result = act({"api_key": "", "hf_token": None})
+    assert result["secret_environment"] == {}
     dummy, result = act(engine="sglang", unit="sglang.service")
     assert result["secret_config"] == {} and "--config" not in result["argv"]
 
