@@ -120,3 +120,11 @@ def test_a_flag_left_off_at_zero_is_still_the_roles_and_a_float_is_written_as_py
     assert "--max-model-len" not in built["argv"]
     assert "--max-model-len" in refused(extra_args=["--max-model-len", "4096"])
     assert settings()["max_model_len"] == 0
+
+
+def test_the_roles_defaults_and_spec_are_the_tables():
+    """tools/gen_serve_settings.py writes them: a setting changed without running it fails here."""
+    from tools import gen_serve_settings  # pylint: disable=import-outside-toplevel
+    stale = [str(path) for path, text in gen_serve_settings.generated(REPO).items()
+             if path.read_text(encoding="utf-8") != text]
+    assert stale == [], "run tools/gen_serve_settings.py: %s" % stale
