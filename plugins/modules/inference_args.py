@@ -38,8 +38,9 @@ description:
     are refused (SGLang's multi-token prediction is C(NEXTN)).
   - C(VLLM_PORT) and C(VLLM_HOST_IP) are refused in O(environment) (they are vLLM's internal addresses, not the API's),
     as are names that look like secrets (the unit file is readable by every user).
-  - Secrets are never passed to this plugin, only which ones are set (O(secrets_set)); the command line never holds
-    one. vLLM reads its API key from C(VLLM_API_KEY) and both engines the Hugging Face token from C(HF_TOKEN), in the
+  - The secrets' values (O(secrets)) are compared with everything the unit would carry, and a command line, environment
+    or name that holds one is refused before any argument is returned; no message shows one. The command line never
+    holds a secret - vLLM reads its API key from C(VLLM_API_KEY) and both engines the Hugging Face token from C(HF_TOKEN), in the
     unit's 0600 EnvironmentFile; SGLang reads no API key from the environment, so it gets C(--config) and a 0600
     YAML file that holds the key.
   - Runs on the controller; nothing is done on the target. The C(cleanslate.gpu.inference_service) role calls it.
@@ -54,6 +55,14 @@ attributes:
   diff_mode:
     support: none
 options:
+  settings:
+    description:
+      - The options that come from the C(cleanslate.gpu.inference_service) role's variables, as one mapping
+        (C(cleanslate.gpu.inference_service_plugin_args)), spread into options of their own. An option given both
+        here and on its own is refused.
+    type: dict
+    default: {}
+    version_added: 0.3.0
   engine:
     description: The engine.
     type: str
@@ -123,10 +132,11 @@ options:
     description: The server's environment (not secret).
     type: dict
     default: {}
-  secrets_set:
+  secrets:
     description:
-      - Which secrets are set, never their values - C(api_key), C(hf_token), C(admin_api_key) (booleans) and
-        C(environment) (the names of more secret variables).
+      - The secrets (the role's C(inference_service_secrets) - C(api_key), C(hf_token), C(admin_api_key),
+        C(environment)). Only which ones are set decides the secret files; the values are compared against the
+        command line, the environment and the names, and masked in every message.
     type: dict
     default: {}
   executable:
@@ -174,7 +184,7 @@ EXAMPLES = r"""
       num_speculative_tokens: 3
       num_speculative_tokens_per_batch_size: [[1, 32, 3], [33, 256, 1]]
     extra_args: [--max-num-seqs, "256"]
-    secrets_set: {api_key: true}
+    secrets: {api_key: "{{ vault_api_key }}"}
     unit: vllm.service
   register: args
 """

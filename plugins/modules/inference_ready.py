@@ -59,6 +59,14 @@ attributes:
     support: none
     details: Nothing changes, so there is no diff.
 options:
+  settings:
+    description:
+      - The options that come from the C(cleanslate.gpu.inference_service) role's variables, as one mapping
+        (C(cleanslate.gpu.inference_service_plugin_args)); the action plugin spreads them into options of their own.
+        An option given both here and on its own is refused.
+    type: dict
+    default: {}
+    version_added: 0.3.0
   engine:
     description: The engine, which decides the health endpoints and the metric names.
     type: str
@@ -394,11 +402,38 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES, NAMES as ENGINE_NAMES
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._exposition import ExpositionError, parse as parse_exposition
 from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import Range
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 
+# The options that are no role setting (those are the table's, module_utils/_settings.py), then the
+# ranges of the numbers among them.
+ARGUMENT_SPEC = dict(_settings.argument_spec(_settings.GATE, _settings.PROBE), **{
+    _settings.SETTINGS_OPTION: {"type": "dict", "default": {}},
+    "url": {"type": "str", "required": True},
+    "served_name": {"type": "str", "required": True},
+    "mode": {"type": "str", "default": "gate", "choices": ["gate", "probe"]},
+    "request_timeout": {"type": "float", "default": 120},
+    "speculative": {"type": "bool", "default": False},
+    "started": {"type": "bool", "default": False},
+    "journal_lines": {"type": "int", "default": 20},
+    "wait": {"type": "float", "default": 0},
+    "baseline": {"type": "dict", "default": {}},
+    "healthy_seen": {"type": "dict", "default": {}},
+    "with_journal": {"type": "bool", "default": False},
+    "validate_certs": {"type": "bool", "default": True},
+    "ca_path": {"type": "str", "default": ""},
+})
+OWN_RANGES = {
+    # A completion of max_tokens on a loaded server; a day is a typo.
+    "request_timeout": Range(minimum=0.1, maximum=86400, unit="seconds"),
+    # The action plugin's round: at most its progress interval.
+    "wait": Range(minimum=0, maximum=86400, unit="seconds"),
+    "journal_lines": Range(minimum=1, maximum=10000, unit="lines", whole=True),
+}
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "NRestarts", "InvocationID",
                    "ExecMainStatus", "ExecMainStartTimestampMonotonic", "ControlGroup")
 INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -1004,49 +1039,22 @@ def healthy_seen_problems(seen):
     return []
 
 
+def input_problems(params):
+    """One sentence per number outside its range: a role setting's from the table of settings, this
+    module's own from OWN_RANGES."""
+    ranges = dict(_settings.option_ranges(_settings.GATE, _settings.PROBE), **OWN_RANGES)
+    problems = [sentence for sentence in (rule.sentence(name, params[name]) for name, rule in ranges.items()) if sentence]
+    if params[_settings.SETTINGS_OPTION]:
+        problems.append("%s is spread into options by the action plugin cleanslate.gpu.inference_ready; give its "
+                        "options themselves" % _settings.SETTINGS_OPTION)
+    return problems
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec={
-            "engine": {"type": "str", "required": True, "choices": ENGINE_NAMES},
-            "url": {"type": "str", "required": True},
-            "unit": {"type": "str", "default": ""},
-            "served_name": {"type": "str", "required": True},
-            "api_key": {"type": "str", "default": "", "no_log": True},
-            "secrets": {"type": "list", "elements": "str", "default": [], "no_log": True},
-            "mode": {"type": "str", "default": "gate", "choices": ["gate", "probe"]},
-            "timeout": {"type": "int", "default": 3600},
-            "progress_interval": {"type": "int", "default": 30},
-            "poll_interval": {"type": "float", "default": 1},
-            "health_timeout": {"type": "float", "default": 0},
-            "stable_s": {"type": "float", "default": 5},
-            "request_timeout": {"type": "float", "default": 120},
-            "prompt": {"type": "str", "default": "The capital of France is"},
-            "max_tokens": {"type": "int", "default": 16, "no_log": False},  # tokens of text, not a secret
-            "completions": {"type": "int", "default": 3},
-            "speculative": {"type": "bool", "default": False},
-            "min_acceptance_rate": {"type": "float", "default": 0},
-            "fail_on_degraded": {"type": "bool", "default": False},
-            "started": {"type": "bool", "default": False},
-            "journal_lines": {"type": "int", "default": 20},
-            "wait": {"type": "float", "default": 0},
-            "baseline": {"type": "dict", "default": {}},
-            "healthy_seen": {"type": "dict", "default": {}},
-            "with_journal": {"type": "bool", "default": False},
-            "validate_certs": {"type": "bool", "default": True},
-            "ca_path": {"type": "str", "default": ""},
-        },
-        supports_check_mode=True,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     params = module.params
     mask = Masker(list(params["secrets"]) + [params["api_key"]])
-    problems = []
-    for name, low in (("poll_interval", 0.01), ("request_timeout", 0.1), ("wait", 0), ("health_timeout", 0),
-                      ("stable_s", 0)):
-        value = params[name]
-        if not math.isfinite(value) or value < low:
-            problems.append("%s must be a finite number of at least %s, got %s" % (name, low, value))
-    if params["completions"] < 1 or params["max_tokens"] < 1 or params["journal_lines"] < 1:
-        problems.append("completions, max_tokens and journal_lines must be 1 or more")
+    problems = input_problems(params)
     try:
         params["base"], params["port"] = parse_url(params["url"])
     except ValueError as exc:
@@ -1057,7 +1065,7 @@ def main():
         problems.append("api_key holds a character outside ASCII, which no HTTP Authorization header can carry")
     problems.extend(healthy_seen_problems(params["healthy_seen"]))
     if problems:
-        module.fail_json(msg=mask("; ".join(problems)))
+        module.fail_json(msg=mask("; ".join(problem.rstrip(".") for problem in problems)))
     result = {"changed": False}
     try:
         if params["mode"] == "probe":

@@ -23,6 +23,7 @@ import re
 import shlex
 from urllib.parse import urlsplit, urlunsplit
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker, secret_values
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_flags import EngineFlags, FlagError
@@ -60,7 +61,6 @@ UNIT_LINE_MAX_BYTES = 1024 * 1024   # systemd's LONG_LINE_MAX: a longer unit lin
 # 5 steps, top-8, 64 draft tokens; vLLM's suffix decoding defaults to depth 24); each draft token
 # takes a slot in every CUDA graph and the KV cache of every request, so 4 times that is a typo.
 SPECULATIVE_TOKENS_MAX = 256
-MAX_MODEL_LEN_MAX = 2**31 - 1       # the attention kernels hold sequence lengths in int32
 # Users that other daemons run as too: any of them could read the secret files the server's user owns.
 SHARED_USERS = ("nobody", "nfsnobody")
 # Algorithm names people bring from other engines, which SGLang refuses ("Unknown speculative
@@ -277,9 +277,10 @@ class _Builder:
             sentence = value_sentence(_var(name), s[name], fault(s[name]), mask)
             if sentence:
                 self.problem(sentence)
-        if not _int(s["tensor_parallel_size"]) or not 1 <= s["tensor_parallel_size"] <= 1024:
-            self.problem("%s must be an integer from 1 to 1024, got %r"
-                         % (_var("tensor_parallel_size"), s["tensor_parallel_size"]))
+        # The numbers, each against its setting's range (module_utils/_settings.py).
+        for setting, one in _settings.passed(_settings.ARGS):
+            if setting.range:
+                self.problems += filter(None, [setting.range.sentence(setting.variable, s[one.option])])
         if isinstance(s["host"], str) and "%" in s["host"]:
             self.problem("%s %s has a zone index (%%): the readiness gate's URL cannot carry one; listen on a "
                          "global or loopback address, or on :: (every address)" % (_var("host"), _shown(s["host"])))
@@ -291,18 +292,6 @@ class _Builder:
             except ValueError:
                 self.problem("%s must be an IP address or a DNS host name (letters, digits and inner '-' in labels "
                              "joined by '.'), got %s" % (_var("host"), _shown(s["host"])))
-        if not _int(s["port"]) or not 1 <= s["port"] <= 65535:
-            self.problem("%s must be a port from 1 to 65535, got %r" % (_var("port"), s["port"]))
-        fraction = s["gpu_memory_fraction"]
-        if not _number(fraction) or not 0 <= fraction <= 1:
-            self.problem("%s must be more than 0 and at most 1 (0: the engine's default), got %r"
-                         % (_var("gpu_memory_fraction"), fraction))
-        if not _int(s["max_model_len"]) or not 0 <= s["max_model_len"] <= MAX_MODEL_LEN_MAX:
-            self.problem("%s must be an integer from 0 (the model's own) to %d, got %s"
-                         % (_var("max_model_len"), MAX_MODEL_LEN_MAX, _shown(s["max_model_len"])))
-        if not _int(s["drain_timeout"]) or not 0 <= s["drain_timeout"] <= 86400:
-            self.problem("%s must be an integer from 0 to 86400 seconds, got %r"
-                         % (_var("drain_timeout"), s["drain_timeout"]))
         if s["user"] and (not isinstance(s["user"], str) or not USER_NAME.fullmatch(s["user"])):
             self.problem("%s must be a user name, got %s" % (_var("user"), _shown(s["user"])))
         elif s["user"] in SHARED_USERS:
@@ -334,29 +323,28 @@ class _Builder:
         return self.flags.flag_of(dest)
 
     def core_args(self) -> list:
+        """The command, then each setting that has this engine's flag (module_utils/_settings.py), in
+        the table's order, then the flags the role always gives."""
         s = self.s
         flags = self.flags
-        served = s["served_name"] or s["model"]
-        dests = self.engine["flags"]
         args = list(flags.data.get("command", []))
-        if flags.data["model"].get("positional"):
-            args.append(s["model"])
-            self.owned["model"] = _var("model")
-        else:
-            dest = next(entry["dest"] for entry in flags.options if flags.data["model"]["flag"] in entry["flags"])
-            args += [self.own(dest, _var("model")), s["model"]]
-        args += [self.own(dests["served_name"], _var("served_name")), served,
-                 self.own(dests["tensor_parallel_size"], _var("tensor_parallel_size")), str(s["tensor_parallel_size"]),
-                 self.own("host", _var("host")), s["host"],
-                 self.own("port", _var("port")), str(s["port"])]
-        flag = self.own(dests["gpu_memory_fraction"], _var("gpu_memory_fraction"))
-        if s["gpu_memory_fraction"]:
-            args += [flag, repr(float(s["gpu_memory_fraction"]))]
-        flag = self.own(dests["max_model_len"], _var("max_model_len"))
-        if s["max_model_len"]:
-            args += [flag, str(s["max_model_len"])]
-        if "drain_timeout" in dests:
-            args += [self.own(dests["drain_timeout"], _var("drain_timeout")), str(s["drain_timeout"])]
+        for setting, one in _settings.passed(_settings.ARGS):
+            dest = setting.flags.get(flags.engine)
+            if dest is None:
+                continue
+            value = s[one.option]
+            if setting.fallback and not value:
+                value = s[setting.fallback]
+            if dest == _settings.MODEL:
+                if flags.data["model"].get("positional"):
+                    self.owned["model"] = setting.variable
+                    args.append(value)
+                    continue
+                dest = next(entry["dest"] for entry in flags.options if flags.data["model"]["flag"] in entry["flags"])
+            flag = self.own(dest, setting.variable)
+            if setting.omit_empty and not value:
+                continue  # the engine's own default; the flag stays the role's
+            args += [flag, repr(float(value)) if setting.type == "float" else str(value)]
         for dest, why in self.engine["always"].items():
             args.append(self.own(dest, PREFIX + why))
         for secret, dest in self.engine["secret_flags"].items():
@@ -780,6 +768,14 @@ class _Builder:
             return {}
         path = posixpath.join(self.s["config_dir"], self.unit_stem() + ".secrets.yaml")
         return {"path": path, "secrets": keys, "args": [self.flags.flag_of("config"), path]}
+
+
+def secrets_set(secrets) -> dict:
+    """Which of the role's secrets (inference_service_secrets) are set, never their values: what build() is told."""
+    named = dict(secret_values(secrets))
+    environment = secrets.get("environment") if isinstance(secrets, dict) else None
+    return {"api_key": "api_key" in named, "hf_token": "hf_token" in named, "admin_api_key": "admin_api_key" in named,
+            "environment": list(environment) if isinstance(environment, dict) else []}
 
 
 def gate_url(host: str, port: int, scheme: str = "http") -> str:

@@ -74,7 +74,7 @@ def test_a_pattern_that_names_the_server_stops_it(dev):
 
 @pytest.mark.parametrize("option", ["grace_period", "kill_timeout"])
 def test_seconds_must_be_finite_and_at_most_an_hour(dev, option):
-    top = RANGES["gpu_reset"][option]["maximum"]
+    top = RANGES["gpu_reset"][option].maximum
     values = ["nan", "inf", "-inf", float("nan"), 1e10, top + 0.5, -1, "soon"]
     messages = dict((str(case[option]), result["msg"]) for case, result in refused(dev, [{option: v} for v in values]))
     assert all(option in message for message in messages.values()), messages

@@ -7,7 +7,9 @@ import math
 
 import pytest
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
+from ansible_collections.cleanslate.gpu.plugins.modules.inference_ready import ARGUMENT_SPEC, OWN_RANGES, input_problems
 from tests.functional.standin import engine, node  # noqa: F401  # pylint: disable=unused-import
 from tests.run_module import run_module
 
@@ -97,12 +99,13 @@ def test_probe_of_a_closed_port_is_unhealthy_not_failed(node):  # noqa: F811
     ({"url": "http://127.0.0.1:1/v1?x=1"}, "url must be http(s)://host[:port][/root/path]"),
     ({"url": "http://[127.0.0.1]:1"}, "url must be http(s)://host[:port][/root/path]"),
     ({"url": "http://127.0.0.1:0"}, "url must be http(s)://host[:port][/root/path]"),
-    ({"poll_interval": 0}, "poll_interval must be a finite number of at least 0.01"),
-    ({"poll_interval": math.nan}, "poll_interval must be a finite number"),
-    ({"wait": -1}, "wait must be a finite number of at least 0"),
-    ({"wait": math.inf}, "wait must be a finite number"),
-    ({"completions": 0}, "completions, max_tokens and journal_lines must be 1 or more"),
-    ({"max_tokens": -5}, "completions, max_tokens and journal_lines must be 1 or more"),
+    ({"poll_interval": 0}, "poll_interval is 0.0: it must be a number of seconds above 0, at most 3600"),
+    ({"poll_interval": math.nan}, "poll_interval is NaN: it must be"),
+    ({"wait": -1}, "wait is -1.0: it must be a number of seconds from 0 to 86400"),
+    ({"wait": math.inf}, "wait is Infinity: it must be"),
+    ({"completions": 0}, "completions is 0: it must be a whole number of completions from 1 to 100"),
+    ({"max_tokens": -5}, "max_tokens is -5: it must be a whole number of tokens from 1 to 1048576"),
+    ({"settings": {"poll_interval": 1}}, "settings is spread into options by the action plugin"),
     ({"engine": "tgi"}, "value of engine must be one of: %s" % ", ".join(ENGINES)),
 ])
 def test_bad_parameters_fail_before_any_request(params, message):
@@ -110,6 +113,23 @@ def test_bad_parameters_fail_before_any_request(params, message):
     args.update(params)
     result = run_module("inference_ready", args)
     assert result["rc"] == 1 and message in result["msg"], result
+
+
+# The module's numbers that are role settings take their ranges from the table; the others are its own.
+UPPER = [(option, rule) for option, rule in dict(_settings.option_ranges(_settings.GATE, _settings.PROBE),
+                                                 **OWN_RANGES).items()]
+
+
+@pytest.mark.parametrize("option, rule", UPPER, ids=[option for option, dummy in UPPER])
+def test_every_number_above_its_upper_bound_is_one_sentence_before_any_request(option, rule):
+    """The module took 1e10 seconds or a million completions: a typo stalled the gate for years."""
+    above = rule.maximum + 1
+    result = run_module("inference_ready", {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "m",
+                                            option: above})
+    shown = float(above) if ARGUMENT_SPEC[option]["type"] == "float" else above  # as the spec converted it
+    assert result["rc"] == 1 and result["msg"] == "%s is %s: it must be %s" % (option, shown, rule.words()), result
+    defaults = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
+    assert input_problems(dict(defaults, **{option: rule.maximum})) == []
 
 
 def test_sglang_gauges_before_their_first_window_leave_the_acceptance_unknown(node):  # noqa: F811

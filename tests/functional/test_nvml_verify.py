@@ -348,7 +348,7 @@ def test_hung_gpu_call_is_bounded(fake_nvml):
 # ----- inputs: one clear sentence, NVML never touched -----
 
 # Each option's upper bound, as the sentences state it (the range itself is _ranges.py's).
-TOP = {option: rule["maximum"] for option, rule in RANGES["nvml_verify"].items()}
+TOP = {option: rule.maximum for option, rule in RANGES["nvml_verify"].items()}
 
 
 @pytest.mark.parametrize("params, expected", [

@@ -580,7 +580,7 @@ def test_bad_input_fails_with_one_message_and_removes_nothing(tmp_path, case):
         "timeout nan": ({"probe_timeout": "nan"}, "probe_timeout must be a finite number of seconds, got nan"),
         "timeout inf": ({"probe_timeout": "inf"}, "probe_timeout must be a finite number of seconds, got inf"),
         "timeout huge": ({"probe_timeout": 1e10}, "probe_timeout must be %s or less seconds, got 10000000000.0"
-                         % RANGES["pycache_purge"]["probe_timeout"]["maximum"]),
+                         % RANGES["pycache_purge"]["probe_timeout"].maximum),
         "timeout not a number": ({"probe_timeout": "soon"}, "argument 'probe_timeout' is of type str and we were unable to convert to float"),
     }[case]
     params.update(expected[0])

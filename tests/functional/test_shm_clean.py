@@ -443,7 +443,7 @@ def bad_inputs(work, tmp_path):
         ({"path": str(work), "min_age": "nan"}, "min_age must be a finite number"),
         ({"path": str(work), "min_age": float("inf")}, "min_age must be a finite number"),
         ({"path": str(work), "min_age": "-inf"}, "min_age must be a finite number"),
-        ({"path": str(work), "min_age": 1e300}, "min_age must be %s or less" % RANGES["shm_clean"]["min_age"]["maximum"]),
+        ({"path": str(work), "min_age": 1e300}, "min_age must be %s or less" % RANGES["shm_clean"]["min_age"].maximum),
         ({"path": str(work), "min_age": "soon"}, "min_age"),
     ]
 

@@ -99,8 +99,8 @@ def test_reset_and_serve_refuses_bad_service_variables_in_one_line_each_and_repo
     assert row["status"] == "invalid", row
     assert row["problems"] == [
         "inference_service: "
+        'inference_service_port is "abc": it must be a TCP port from 1 to 65535.',
         'inference_service_poll_interval is "nan": it must be a number of seconds above 0, at most 3600.',
-        'inference_service_port is "abc": it must be a whole number.',
         "inference_service_secrets is (hidden): it must be a mapping of names to values."], row["problems"]
     assert "hunter2" not in proc.stdout + proc.stderr
     assert "argument_spec_data" not in proc.stdout and "out of range: ready_timeout" not in proc.stdout

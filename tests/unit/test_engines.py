@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
+from ansible_collections.cleanslate.gpu.plugins.module_utils._settings import MODEL, engine_flags
 from tools import gen_engine_docs
 from tools.checkout_copy import copy_checkout
 
@@ -19,9 +20,10 @@ FLAGS = REPO / "roles" / "inference_service" / "files" / "flags"
 DATA = sorted(FLAGS.glob("*.json"))
 
 
-def named_dests(engine: dict) -> set:
-    """Every parser dest the registry names for an engine: the command builder writes or refuses each."""
-    return (set(engine["flags"].values()) | set(engine["always"]) | set(engine["secret_flags"].values())
+def named_dests(name: str) -> set:
+    """Every parser dest the registries name for an engine: the command builder writes or refuses each."""
+    engine = ENGINES[name]
+    return ((set(engine_flags(name).values()) - {MODEL}) | set(engine["always"]) | set(engine["secret_flags"].values())
             | ({engine["stats_off_flag"]} if engine["stats_off_flag"] else set()))
 
 
@@ -30,7 +32,7 @@ def test_every_flag_the_registry_names_is_in_each_version_of_its_engine(path):
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["engine"] in ENGINES, "%s: flag data of an engine the registry does not know" % path.name
     dests = {option["dest"] for option in data["options"]}
-    assert named_dests(ENGINES[data["engine"]]) - dests == set()
+    assert named_dests(data["engine"]) - dests == set()
     if ENGINES[data["engine"]]["secret_file_keys"]:  # the secrets' file is given with --config
         assert "config" in dests
 
@@ -38,7 +40,7 @@ def test_every_flag_the_registry_names_is_in_each_version_of_its_engine(path):
 def test_every_engine_has_flag_data_and_a_complete_entry():
     for name, engine in ENGINES.items():
         assert any(path.name.startswith(name + "-") for path in DATA), name
-        assert {"served_name", "tensor_parallel_size", "gpu_memory_fraction", "max_model_len"} <= set(engine["flags"])
+        assert {"served_name", "tensor_parallel_size", "gpu_memory_fraction", "max_model_len"} <= set(engine_flags(name))
         assert engine["speculative"] in ("config", "server_args") and engine["metrics"]["kind"] in ("counters", "gauges")
         assert engine["health_paths"][0] == "/health" and engine["health_timeout_s"] > 0
 

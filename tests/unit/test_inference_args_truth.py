@@ -321,7 +321,7 @@ def test_the_action_returns_the_gate_url_and_its_tls_settings():
     ({"extra_args": ["--enforce-eager"] + ["--chat-template", "x" * 120000] * 10},
      "the command line is 1"),
     ({"environment": {"NCCL_DEBUG": "x" * 200000}}, "inference_service_environment.NCCL_DEBUG is 200000 bytes"),
-    ({"max_model_len": 10**12}, "inference_service_max_model_len must be"),
+    ({"max_model_len": 10**12}, "inference_service_max_model_len is 1000000000000: it must be"),
 ])
 def test_absurd_values_are_refused_with_one_short_sentence_each(overrides, message):
     text = refused(**overrides)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from ansible_collections.cleanslate.gpu.plugins.action.inference_ready import ActionModule
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 
 ARGS = {"engine": "vllm", "url": "http://127.0.0.1:8000", "served_name": "llama", "unit": "vllm.service"}
 UNIT = {"ActiveState": "activating", "SubState": "start", "MainPID": "4242", "NRestarts": "0"}
@@ -165,3 +166,22 @@ def test_a_server_left_running_that_is_slow_or_unproven_ends_the_gate_at_once_wi
     # The module's waiting state is no such end: the rounds go on (to the deadline, here 0 s).
     waiting, dummy = run(lambda module_args: dict(answer, state="waiting"), timeout=0)
     assert waiting["failed"] and "not ready after 0 s" in waiting["msg"], waiting
+
+
+@pytest.mark.parametrize("option", ["timeout", "progress_interval", "min_acceptance_rate"])
+def test_the_options_the_action_reads_are_refused_above_the_tables_bound_before_any_call(option):
+    """The action read timeout 1e10 (a gate of 300 years) and a floor of 30 (meant as 30 %)."""
+    rule = _settings.option_ranges(_settings.GATE)[option]
+    result, calls = run(ready(), **{option: rule.maximum + 1})
+    assert result["failed"] and calls == []
+    assert result["msg"] == "%s is %s: it must be %s." % (option, rule.maximum + 1, rule.words())
+    result, calls = run(ready(), **{option: str(rule.maximum)})  # -e gives texts
+    assert not result.get("failed") and len(calls) == 1, result
+
+
+def test_the_roles_settings_come_as_one_mapping_and_an_option_given_twice_is_refused():
+    answered = ready()
+    result, calls = run(answered, settings={"poll_interval": 2.5, "api_key": "sk-0123456789"})
+    assert calls[0]["poll_interval"] == 2.5 and calls[0]["api_key"] == "sk-0123456789" and "settings" not in calls[0]
+    result, calls = run(answered, settings={"unit": "other.service"})
+    assert result["failed"] and calls == [] and result["msg"] == "an option given both in settings and on its own: unit"

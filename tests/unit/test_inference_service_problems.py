@@ -23,11 +23,11 @@ def test_the_defaults_pass_and_each_bad_variable_is_one_sentence_with_its_rule()
         inference_service_poll_interval="nan", inference_service_ready_timeout="inf", inference_service_port="abc",
         inference_service_engine="tgi", inference_service_smoke_completions="1.5"))
     assert problems == [
+        'inference_service_port is "abc": it must be a TCP port from 1 to 65535.',
         'inference_service_ready_timeout is "inf": it must be a whole number of seconds from 0 to 604800 (a week).',
         'inference_service_poll_interval is "nan": it must be a number of seconds above 0, at most 3600.',
         'inference_service_smoke_completions is "1.5": it must be a whole number of completions from 1 to 100.',
-        'inference_service_engine is "tgi": it must be one of %s.' % ", ".join(ENGINES),
-        'inference_service_port is "abc": it must be a whole number.']
+        'inference_service_engine is "tgi": it must be one of %s.' % ", ".join(ENGINES)]
 
 
 def test_a_secret_of_the_wrong_type_is_named_without_its_value():

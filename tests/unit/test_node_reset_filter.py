@@ -19,8 +19,8 @@ ROLE = Path(__file__).resolve().parents[2] / "roles" / "node_reset"
 DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 ROLE_VARS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
 # The modules' upper bounds, as the role's sentences state them (the ranges are _ranges.py's).
-GRACE_MAX = RANGES["gpu_reset"]["grace_period"]["maximum"]
-POLL_MAX = RANGES["nvml_verify"]["poll_interval"]["maximum"]
+GRACE_MAX = RANGES["gpu_reset"]["grace_period"].maximum
+POLL_MAX = RANGES["nvml_verify"]["poll_interval"].maximum
 
 
 def values(**changed):
@@ -66,7 +66,7 @@ def test_a_bad_number_gives_one_sentence_with_its_value_and_rule(name, value, sh
     module_option = [rule for module, options in RANGES.items() for option, rule in options.items()
                      if name == "node_reset_%s_%s" % (module, option)]
     if module_option:  # the sentence states the module's own bound
-        assert "at most %s" % module_option[0]["maximum"] in problems[0] or "to %s." % module_option[0]["maximum"] in problems[0]
+        assert "at most %s" % module_option[0].maximum in problems[0] or "to %s." % module_option[0].maximum in problems[0]
 
 
 @pytest.mark.parametrize("name, value", [

@@ -101,14 +101,14 @@ def test_the_role_and_its_module_refuse_and_accept_the_same_numbers(variable):
     module = next(step.module for step in steps.MODULE_STEPS if variable in map(step.variable, step.options))
     option = variable[len("node_reset_%s_" % module):]
     rule = _ranges.RANGES[module][option]
-    low = rule["above"] if rule.get("above") is not None else rule["minimum"]
-    for value, good in ((rule["maximum"], True), (rule["maximum"] + 1, False), (low - 1, False), (math.nan, False)):
+    low = rule.above if rule.above is not None else rule.minimum
+    for value, good in ((rule.maximum, True), (rule.maximum + 1, False), (low - 1, False), (math.nan, False)):
         role = node_reset_problems(values(**{variable: value}))
         module_says = _ranges.problem(module, option, value)
         if variable == "node_reset_nvml_verify_expected_count" and value == 0:
             continue  # the role's "no check": the option is left out
         assert (role == []) == good == (module_says is None), (value, role, module_says)
-    if rule.get("above") is None:
+    if rule.above is None:
         assert _ranges.problem(module, option, low) is None
 
 

@@ -209,7 +209,7 @@ def test_sink_keeps_what_came_before_close_only():
 # ----- nvml_verify: inputs -----
 
 # Each option's upper bound, as the sentences state it (the range itself is _ranges.py's).
-TOP = {option: rule["maximum"] for option, rule in RANGES["nvml_verify"].items()}
+TOP = {option: rule.maximum for option, rule in RANGES["nvml_verify"].items()}
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -12,7 +12,7 @@ def test_the_highest_port_is_a_port():
     built = build(port=65535)
     assert built["url"] == "http://127.0.0.1:65535"
     assert built["argv"][built["argv"].index("--port") + 1] == "65535"
-    assert "inference_service_port must be a port from 1 to 65535, got 65536" in refused(port=65536)
+    assert "inference_service_port is 65536: it must be a TCP port from 1 to 65535." in refused(port=65536)
 
 
 def test_the_largest_number_of_draft_tokens_is_accepted_and_one_more_is_refused():

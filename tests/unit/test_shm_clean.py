@@ -14,7 +14,7 @@ sys.path.insert(0, str(ensure_collection_link()))
 from ansible_collections.cleanslate.gpu.plugins.modules import shm_clean  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402  pylint: disable=wrong-import-position
 
-MIN_AGE_MAX = RANGES["shm_clean"]["min_age"]["maximum"]
+MIN_AGE_MAX = RANGES["shm_clean"]["min_age"].maximum
 
 
 def params(**overrides):

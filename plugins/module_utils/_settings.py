@@ -1,0 +1,462 @@
+# -*- coding: utf-8 -*-
+# Copyright (c) 2026, cleanslate.gpu maintainers
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The inference_service role's settings, one entry each: the serve half of the collection's table
+of settings (the reset half is _ranges.RANGES). Private to this collection.
+
+An entry (Setting) is one role variable, inference_service_<name>: its type, default, range,
+choices, whether it is secret, its description, which plugins take it under which option
+(passes), and the parser dest of each engine's flag that carries it to the command line (flags).
+Read by:
+
+  tools/gen_serve_settings.py                 the role's defaults/main.yml and the options of its
+                                              meta/argument_specs.yml
+  plugins/filter/inference_service.py         the role's range checks, and each plugin's arguments
+                                              from the role's variables (inference_service_plugin_args)
+  plugins/action/inference_args.py            its argument spec; _serve_command.py the command line
+                                              (core_args loops over `flags`) and its number checks
+  plugins/modules/inference_ready.py          its argument spec and its number checks, on the host
+  plugins/action/inference_ready.py           the ranges of the options it reads itself
+
+A setting added here (and a test) reaches the role's spec, its defaults, its checks, the plugins
+and, with `flags`, the engine's command line: tools/gen_serve_settings.py writes the rest.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
+from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import Range
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import secret_values
+
+PREFIX = "inference_service_"
+# The plugins that take settings: the command builder, the readiness gate and its one look (probe).
+ARGS = "inference_args"
+GATE = "inference_ready"
+PROBE = "inference_ready probe"
+PLUGINS = (ARGS, GATE, PROBE)
+# A flag of `flags` that is the flag data's model entry: a position (vLLM's `serve MODEL`) or its flag.
+MODEL = "(the flag data's model)"
+# The keys of a plugin option's spec that come from its setting (a Pass may change any of them).
+SPEC_KEYS = ("type", "elements", "default", "choices", "no_log")
+REQUIRED = {"required": True}
+# The option through which the role gives a plugin its settings as one mapping (the action plugins expand it).
+SETTINGS_OPTION = "settings"
+API_KEY_SPEC = {"type": "str", "default": "", "no_log": True}
+SECRET_LIST_SPEC = {"type": "list", "elements": "str", "default": [], "no_log": True}
+
+
+def api_key_of(secrets) -> str:
+    """The API key the gate sends, of inference_service_secrets ("" when none)."""
+    return str((secrets or {}).get("api_key") or "") if isinstance(secrets, dict) else ""
+
+
+def secret_list(secrets) -> list:
+    """Every value of inference_service_secrets, for the gate to mask in whatever it returns."""
+    return [value for dummy, value in secret_values(secrets if isinstance(secrets, dict) else {})]
+
+
+class Pass:
+    """A plugin takes the setting as its option `option` (the setting's name when None); `spec`
+    changes the option's spec from the setting's (required, another default); `convert` makes the
+    option's value of the setting's."""
+
+    def __init__(self, plugin, option=None, spec=None, convert=None):
+        if plugin not in PLUGINS:
+            raise ValueError("no plugin %s (%s)" % (plugin, ", ".join(PLUGINS)))
+        self.plugin, self.option, self.spec, self.convert = plugin, option, dict(spec or {}), convert
+
+
+class Setting:
+    """One role variable (see the module docstring). `omit_empty`: the flag is left off the command
+    line when the value is 0 or empty (the engine's own default); `fallback`: the setting whose
+    value the flag carries when this one is empty (the served name is the model's)."""
+
+    def __init__(self, name, type="str", elements=None, default=None, choices=None, no_log=False, range=None,
+                 passes=(), flags=None, omit_empty=False, fallback=None, suboptions=None, description=()):
+        # pylint: disable=redefined-builtin
+        self.name, self.type, self.elements, self.default = name, type, elements, default
+        self.choices, self.no_log, self.range = list(choices) if choices else None, no_log, range
+        self.passes, self.flags = tuple(passes), dict(flags or {})
+        self.omit_empty, self.fallback, self.suboptions = omit_empty, fallback, suboptions
+        self.description = tuple(description)
+        for one in self.passes:
+            if one.option is None:
+                one.option = name
+
+    @property
+    def variable(self) -> str:
+        return PREFIX + self.name
+
+    def role_spec(self) -> dict:
+        """The option of the role's meta/argument_specs.yml."""
+        spec = {"type": self.type}
+        if self.elements:
+            spec["elements"] = self.elements
+        spec["default"] = self.default
+        if self.choices:
+            spec["choices"] = self.choices
+        if self.no_log:
+            spec["no_log"] = True
+        spec["description"] = list(self.description) + (["The range is %s." % self.range.words()] if self.range else [])
+        if self.suboptions:
+            spec["options"] = self.suboptions
+        return spec
+
+    def plugin_spec(self, one: Pass) -> dict:
+        """The option of a plugin's argument spec: the setting's type, default and choices, as `one` changes them."""
+        spec = {key: getattr(self, key) for key in SPEC_KEYS if getattr(self, key) not in (None, False)}
+        spec.setdefault("default", self.default)
+        spec.update(one.spec)
+        if spec.get("required"):
+            spec.pop("default", None)
+        return {key: value for key, value in spec.items() if value is not None}
+
+
+SETTINGS = (
+    Setting('engine',
+            'str',
+            default='vllm',
+            choices=ENGINE_NAMES,
+            passes=(Pass(ARGS, spec=REQUIRED), Pass(GATE, spec=REQUIRED), Pass(PROBE, spec=REQUIRED)),
+            description=('The inference engine.',)),
+    Setting('engine_version',
+            'str',
+            default='',
+            passes=(Pass(ARGS),),
+            description=('The engine version whose flags the command line is checked against. Empty means the version '
+                 "installed on the host, asked of the Python the engine's executable names; a version without flag "
+                 'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
+                 'version, fails with the versions known. The newest data is never used in its place.',)),
+    Setting('flag_data_dir',
+            'str',
+            default='',
+            description=('A directory on the controller with more flag data files made by C(tools/gen_flag_data.py), for an '
+                 "engine version the role does not ship. Its files win over the role's.",)),
+    Setting('model',
+            'str',
+            default='',
+            passes=(Pass(ARGS, spec=REQUIRED),),
+            flags={'vllm': MODEL, 'sglang': MODEL},
+            description=('The model, a Hugging Face repository or a local path. Required; it may not start with C(-), which '
+                 'the engine would read as an option.',)),
+    Setting('served_name',
+            'str',
+            default='',
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'served_model_name', 'sglang': 'served_model_name'},
+            fallback='model',
+            description=('The name clients ask for (C(--served-model-name)); empty means the model. One word of at most 256 '
+                 'printable characters, without spaces (Unicode ones too), quotes, backslashes or braces, not starting '
+                 'with C(-) (V(org/model) and V(llama-3.1:8b@q4) are fine), since every request and every C(/metrics) '
+                 'line carries it.',)),
+    Setting('tensor_parallel_size',
+            'int',
+            default=1,
+            range=Range(minimum=1, maximum=1024, unit='GPUs', whole=True),
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'tensor_parallel_size', 'sglang': 'tp_size'},
+            description=('GPUs per model replica (vLLM C(--tensor-parallel-size), SGLang C(--tp-size)).',)),
+    Setting('host',
+            'str',
+            default='0.0.0.0',
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'host', 'sglang': 'host'},
+            description=('The address the server listens on. The readiness gate reaches V(0.0.0.0) through 127.0.0.1.',
+                 'An IP address in one spelling (dotted decimal without leading zeros, or IPv6, not '
+                 'V(::ffff:127.0.0.1)), or a DNS host name whose last label is no number (V(0x7f000001) and V(127.1) '
+                 'are refused).',)),
+    Setting('port',
+            'int',
+            default=8000,
+            range=Range(minimum=1, maximum=65535, whole=True, kind='a TCP port'),
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'port', 'sglang': 'port'},
+            description=("The API port, 1 to 65535. Never C(VLLM_PORT), which is vLLM's internal port.",)),
+    Setting('gpu_memory_fraction',
+            'float',
+            default=0,
+            range=Range(minimum=0, maximum=1, kind='a share', zero="the engine's default"),
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'gpu_memory_utilization', 'sglang': 'mem_fraction_static'},
+            omit_empty=True,
+            description=("Fraction of each GPU's memory the engine may use (vLLM C(--gpu-memory-utilization), SGLang "
+                 "C(--mem-fraction-static)); 0 means the engine's default.",)),
+    Setting('max_model_len',
+            'int',
+            default=0,
+            range=Range(minimum=0, maximum=2147483647, unit='tokens', whole=True, zero="the model's own"),
+            passes=(Pass(ARGS),),
+            flags={'vllm': 'max_model_len', 'sglang': 'context_length'},
+            omit_empty=True,
+            description=("Longest context (vLLM C(--max-model-len), SGLang C(--context-length)); 0 means the model's own.",)),
+    Setting('speculative',
+            'dict',
+            default={},
+            passes=(Pass(ARGS),),
+            description=("Speculative decoding, in the engine's own keys. vLLM - the keys of its SpeculativeConfig, passed as "
+                 'the JSON of C(--speculative-config); C(method) is required (vLLM still renames a method other than '
+                 "eagle, eagle3, dflash and dspark after the draft's repository name, and the result names the method "
+                 'it runs), C(tensor_parallel_size) is refused (the key is C(draft_tensor_parallel_size)), '
+                 'C(num_speculative_tokens_per_batch_size) takes C([[1, highest batch size, tokens], ...]) (vLLM issue '
+                 '49548 reports it can collapse throughput under concurrency).',
+                 'SGLang - its C(speculative_*) server arguments, for example C(speculative_algorithm) (required), '
+                 'C(speculative_draft_model_path), C(speculative_num_steps), C(speculative_eagle_topk), '
+                 'C(speculative_num_draft_tokens) (all three of these or none), C(speculative_adaptive).',
+                 'Empty means no speculative decoding.',)),
+    Setting('extra_args',
+            'list',
+            elements='str',
+            default=[],
+            passes=(Pass(ARGS, spec={'elements': 'raw'}),),
+            description=('More command-line items, each flag and each value its own item, for example C([--max-num-seqs, '
+                 '"256"]). Each is checked against the engine version\'s flags; flags the role sets and secret flags '
+                 'are refused.',)),
+    Setting('environment',
+            'dict',
+            default={},
+            passes=(Pass(ARGS),),
+            description=('Environment of the server, written into the unit file (readable by every user, so names that look '
+                 'like secrets are refused). For example C(CUDA_VISIBLE_DEVICES) (then C(CUDA_DEVICE_ORDER) defaults '
+                 'to C(PCI_BUS_ID)), C(NCCL_*), C(HF_HOME), C(HF_HUB_OFFLINE).',)),
+    Setting('secrets',
+            'dict',
+            default={},
+            no_log=True,
+            passes=(Pass(ARGS),
+                    Pass(GATE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
+                    Pass(GATE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list),
+                    Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
+                    Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
+            suboptions={'api_key': {'type': 'str',
+             'no_log': True,
+             'description': ['The API key clients must send (vLLM reads it from C(VLLM_API_KEY); '
+                             'SGLang from a C(--config) YAML file). The readiness gate sends it.']},
+ 'hf_token': {'type': 'str',
+              'no_log': True,
+              'description': ['A Hugging Face token, as C(HF_TOKEN).']},
+ 'admin_api_key': {'type': 'str', 'no_log': True, 'description': ["SGLang's admin API key."]},
+ 'environment': {'type': 'dict',
+                 'no_log': True,
+                 'description': ["More secret environment variables, for the unit's 0600 "
+                                 'EnvironmentFile.']}},
+            description=('Secrets, written only to files of mode 0600, never to the command line or the unit file, and never '
+                 'shown.',)),
+    Setting('executable',
+            'str',
+            default='',
+            passes=(Pass(ARGS),),
+            description=("Absolute path of the engine's executable. Empty means C(<venv>/bin/<engine>) with "
+                 'O(inference_service_venv), else C(/usr/local/bin/<engine>). It must exist on the host.',)),
+    Setting('venv',
+            'str',
+            default='',
+            passes=(Pass(ARGS),),
+            description=('The virtual environment the engine is installed in.',)),
+    Setting('user',
+            'str',
+            default='',
+            passes=(Pass(ARGS),),
+            description=('The existing system user the server runs as; empty means root.',)),
+    Setting('unit',
+            'str',
+            default='inference-server.service',
+            passes=(Pass(ARGS, spec=REQUIRED), Pass(GATE, spec={'default': ''}), Pass(PROBE, spec={'default': ''})),
+            description=('The systemd service unit. C(reset_and_serve.yml) stops and resets it through node_reset.',
+                 'At most 255 letters, digits and C(:_.-), ending in C(.service), without C(..) or a leading C(-); '
+                 'checked before any task uses it.',
+                 'The role writes, stops and restarts only a unit whose file in C(/etc/systemd/system) it wrote itself '
+                 "(its first line is the role's marker), or a new one. A hand-written unit file is refused unless "
+                 "C(inference_service_adopt_unit); a unit with a file outside C(/etc/systemd/system) (a package's) and "
+                 "the host's own services (C(ssh), C(dbus), C(systemd-*), the NVIDIA daemons, ...) are always refused.",)),
+    Setting('adopt_unit',
+            'bool',
+            default=False,
+            description=('Let the role take over a hand-written C(/etc/systemd/system/<inference_service_unit>) that it did '
+                 'not write. The old file is kept beside it as C(<unit>.<pid>.<date>~), and C(--diff) shows the '
+                 'change.',)),
+    Setting('config_dir',
+            'str',
+            default='/etc/cleanslate/inference',
+            passes=(Pass(ARGS),),
+            description=("Directory of the unit's environment file (C(<unit>.env)) and SGLang's secrets file "
+                 '(C(<unit>.secrets.yaml)), both mode 0600.',
+                 "Created (root's, mode 0755) when missing. An existing directory is left as it is and must be owned "
+                 'by root and writable by root alone (not C(/tmp)), or the configuration is refused.',)),
+    Setting('enabled',
+            'bool',
+            default=True,
+            description=('Start the server at boot.',)),
+    Setting('drain_timeout',
+            'int',
+            default=30,
+            range=Range(minimum=0, maximum=86400, unit='seconds', whole=True),
+            passes=(Pass(ARGS),),
+            # SIGTERM drains in-flight requests for this long (0 would abort them); SGLang has no such flag.
+            flags={'vllm': 'shutdown_timeout'},
+            description=('Seconds the server may drain in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)); '
+                 "systemd's TimeoutStopSec is 30 seconds more, then the unit's processes are killed.",)),
+    Setting('restart_sec',
+            'int',
+            default=10,
+            range=Range(minimum=0, maximum=86400, unit='seconds', whole=True),
+            description=('Seconds systemd waits before restarting a server that failed (C(Restart=on-failure)).',)),
+    Setting('start_limit_burst',
+            'int',
+            default=3,
+            range=Range(minimum=1, maximum=10000, unit='starts', whole=True),
+            description=('Starts allowed within O(inference_service_start_limit_interval) before systemd gives up on the unit.',)),
+    Setting('start_limit_interval',
+            'int',
+            default=600,
+            range=Range(minimum=1, maximum=604800, unit='seconds', whole=True),
+            description=("Seconds of the start limit's window.",)),
+    Setting('ready_timeout',
+            'int',
+            default=3600,
+            range=Range(minimum=0, maximum=604800, unit='seconds', whole=True, note='a week'),
+            passes=(Pass(GATE, 'timeout'),),
+            description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',)),
+    Setting('health_timeout',
+            'float',
+            default=0,
+            range=Range(minimum=0, maximum=3600, unit='seconds', zero="the engine's own"),
+            passes=(Pass(GATE), Pass(PROBE)),
+            description=("Seconds one C(/health) request may take; 0 means the engine's own (docs/inference_service.md's "
+                 "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
+                 'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
+                 'C(reset_and_serve.yml) never resets it (unless C(fleet_force_reset)), and the report says slow.',)),
+    Setting('stable_s',
+            'float',
+            default=5,
+            range=Range(minimum=0, maximum=3600, unit='seconds'),
+            passes=(Pass(GATE),),
+            description=('Seconds the server must stay up, in the same systemd invocation, after it first answers, before the '
+                 'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
+                 'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
+                 'invocation.',
+                 'A server C(reset_and_serve.yml) leaves running has been answering since its assessment saw it '
+                 "answer, in the same invocation; its window counts from that look (the gate's C(stable_since)).",)),
+    Setting('poll_interval',
+            'float',
+            default=1,
+            range=Range(above=0, maximum=3600, unit='seconds'),
+            passes=(Pass(GATE), Pass(PROBE)),
+            description=('Seconds between two readiness polls; readiness is seen within one poll interval.',)),
+    Setting('progress_interval',
+            'int',
+            default=30,
+            range=Range(minimum=1, maximum=86400, unit='seconds', whole=True),
+            passes=(Pass(GATE),),
+            description=('Longest silence, in seconds, between two progress lines while the gate waits (elapsed time, unit '
+                 'state, what the server last answered).',)),
+    Setting('smoke_prompt',
+            'str',
+            default='The capital of France is',
+            passes=(Pass(GATE, 'prompt'),),
+            description=('The prompt of the smoke completions.',)),
+    Setting('smoke_max_tokens',
+            'int',
+            default=16,
+            range=Range(minimum=1, maximum=1048576, unit='tokens', whole=True),
+            passes=(Pass(GATE, 'max_tokens', spec={'no_log': False}),),
+            description=('Tokens each smoke completion generates.',)),
+    Setting('smoke_completions',
+            'int',
+            default=3,
+            range=Range(minimum=1, maximum=100, unit='completions', whole=True),
+            passes=(Pass(GATE, 'completions'),),
+            description=("Smoke completions after the server answers; the first one's latency is reported, and all of them "
+                 'feed the acceptance rate.',)),
+    Setting('min_acceptance_rate',
+            'float',
+            default=0.3,
+            range=Range(minimum=0, maximum=1, kind='a share', note='0.3 is 30%'),
+            passes=(Pass(GATE, spec={'default': 0}),),
+            description=('With speculative decoding, an acceptance rate below this is reported V(degraded) (speculation that '
+                 'rarely hits is slower than none); 0 means no floor.',)),
+    Setting('fail_on_degraded',
+            'bool',
+            default=False,
+            passes=(Pass(GATE),),
+            description=('Fail the host when it is degraded, instead of a warning.',)),
+    Setting('fail_host',
+            'bool',
+            default=True,
+            description=('Whether a failure (invalid configuration, a server that does not get ready) fails the host. With '
+                 'V(false) the failure is only recorded in C(inference_service_result) (C(ok) false) and the caller '
+                 'fails the host; C(reset_and_serve.yml) does so after the fleet report, so the report is written even '
+                 'when every host fails.',)),
+    Setting('instances',
+            'list',
+            elements='dict',
+            default=[],
+            description=('Several servers on one host (docs/inference_service.md, "Several servers on one node"). Each item '
+                 "overrides the role's variables for one server, by their names without the C(inference_service_) "
+                 'prefix (C(unit), C(port), C(served_name), C(engine), C(model), C(speculative), C(environment), '
+                 'C(secrets), ...); every instance starts from the single-service variables. V([]) is one instance of '
+                 'the single-service variables (every GPU of the host).',
+                 'With two or more, each sets C(CUDA_VISIBLE_DEVICES) in its C(environment) (GPU indices, read in PCI '
+                 'order, or C(GPU-) UUIDs); two instances may not share a GPU, a port or a unit. '
+                 'C(reset_and_serve.yml) resets and restarts only the unhealthy instances, on their GPUs alone.',)),
+    Setting('metrics',
+            'bool',
+            default=True,
+            description=("Write the run's metrics for node_exporter's textfile collector into O(inference_service_metrics_dir) "
+                 '(C(cleanslate_gpu_inference_service_<unit>.prom); docs/observability.md). A host without that '
+                 'directory gets no file. V(false) writes none.',)),
+    Setting('metrics_dir',
+            'str',
+            default='/var/lib/prometheus/node-exporter',
+            description=("The textfile collector's directory (C(--collector.textfile.directory); Debian's default), an "
+                 'absolute path.',)),
+)
+BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+def passed(plugin: str) -> list:
+    """[(setting, pass)] of the settings `plugin` takes, in the table's order."""
+    return [(setting, one) for setting in SETTINGS for one in setting.passes if one.plugin == plugin]
+
+
+def argument_spec(*plugins) -> dict:
+    """{option: spec} of the options of `plugins` that come from settings (an option two of them
+    take, such as the gate's and the probe's, once)."""
+    return {one.option: setting.plugin_spec(one) for plugin in plugins for setting, one in passed(plugin)}
+
+
+def plugin_args(values, plugin: str) -> dict:
+    """{option: value} of `plugin` from the role's variables by name (a variable not there is left out)."""
+    args = {}
+    for setting, one in passed(plugin):
+        if setting.variable in values:
+            value = values[setting.variable]
+            args[one.option] = one.convert(value) if one.convert else value
+    return args
+
+
+def option_ranges(*plugins) -> dict:
+    """{option: Range} of the options of `plugins` whose setting has a range (their own checks)."""
+    return {one.option: setting.range for plugin in plugins for setting, one in passed(plugin) if setting.range}
+
+
+def expanded(args) -> dict:
+    """A plugin's arguments with the mapping of SETTINGS_OPTION (the role's, plugin_args) spread
+    into options of their own; ValueError for an option given both ways."""
+    args = dict(args)
+    given = args.pop(SETTINGS_OPTION, None) or {}
+    if not isinstance(given, dict):
+        raise ValueError("%s must be a mapping of option names to values, got %s" % (SETTINGS_OPTION, type(given).__name__))
+    twice = sorted(set(given) & set(args))
+    if twice:
+        raise ValueError("%s given both in %s and on %s own: %s" % (
+            "options" if len(twice) > 1 else "an option", SETTINGS_OPTION, "their" if len(twice) > 1 else "its",
+            ", ".join(twice)))
+    args.update(given)
+    return args
+
+
+def engine_flags(engine: str) -> dict:
+    """{setting name: the parser dest of `engine`'s flag that carries it} (MODEL for the model)."""
+    return {setting.name: setting.flags[engine] for setting in SETTINGS if engine in setting.flags}
