@@ -24,6 +24,7 @@ from tools import _generated  # noqa: E402  pylint: disable=wrong-import-positio
 GENERATORS = (
     "tools/gen_node_reset_docs.py",   # node_reset's docs, spec and defaults from its steps and modules
     "tools/gen_engine_docs.py",       # the modules' engine choices and the engine table from the registry
+    "tools/gen_serve_settings.py",    # inference_service's defaults and spec options from its settings table
     "tools/gen_instance_tasks.py",    # reads inference_service's spec
     "tools/gen_variables_table.py",   # reads both roles' specs
 )
