@@ -25,8 +25,8 @@ def test_a_host_found_silent_is_unreachable_and_not_failed():
     assert result["msg"] == "node3 is unreachable" and result["changed"] is False
 
 
-@pytest.mark.parametrize("status", ["swept-unreachable", "failed at gpu_reset", "dirty", "invalid", "not run",
-                                    "Unreachable", "unreachable ", "failed at unreachable"])
+@pytest.mark.parametrize("status", ["swept-unreachable", "failed at gpu_reset", "failed at pve_sweep", "dirty",
+                                    "invalid", "not run"])
 def test_every_other_status_fails_the_host_and_is_not_unreachable(status):
     result = verdict(status)
     assert result["failed"] is True and not result.get("unreachable"), (status, result)

@@ -1,18 +1,21 @@
 """The heal's guards at their edges, through the real action (action/heal_breaker.py) where the alert
 is read as Alertmanager sends it: a repeat of an alert a heal answered heals nothing, a host served
 under the role's default unit is healed for that unit and no other, and a heal exactly one window old
-no longer counts."""
+no longer counts; a check-mode heal counts nothing, and the options' bounds are allowed."""
 from __future__ import annotations
 
 import json
 import time
 
 import pytest
+from ansible.errors import AnsibleActionFail
 
+from ansible_collections.cleanslate.gpu.plugins.action import heal_breaker as action
+from ansible_collections.cleanslate.gpu.plugins.action.heal_breaker import LONGEST_S
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _heal_breaker as breaker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_spec
 from tests.unit.test_heal_alert import run, tagged
-from tests.unit.test_heal_breaker import heal
+from tests.unit.test_heal_breaker import args, heal
 
 DEFAULT_UNIT = load_spec("inference_service")["inference_service_unit"]["default"]
 
@@ -79,3 +82,20 @@ def test_a_heal_exactly_one_window_old_no_longer_counts():
     assert exactly["allowed"] and exactly["heals"] == 3, exactly
     samples = breaker.metric_families(state, 3700, 3600)[1]["samples"]
     assert samples == [{"labels": {"host": "gpu1"}, "value": 2}]  # 100 left at 3700 too; 200 and 3600 remain
+
+
+def test_a_heal_in_check_mode_is_decided_but_counts_nothing(tmp_path):
+    began = rfc3339(time.time() - 60)
+    for dummy in range(5):
+        checked = run(tmp_path, alertmanager_alert(began), check_mode=True)
+        assert checked["allowed"] and checked["changed"] and checked["heals"] == 1, checked
+    assert not (tmp_path / "state").exists()
+    assert run(tmp_path, alertmanager_alert(began))["heals"] == 1
+
+
+def test_the_options_bounds_are_inclusive():
+    limits = action.check_args(args(max_heals="1000", window_s=1, quiet_s=LONGEST_S))
+    assert limits == {"max_heals": 1000, "window_s": 1.0, "quiet_s": float(LONGEST_S)}
+    for name, value in (("max_heals", 1001), ("window_s", LONGEST_S + 1), ("quiet_s", 0.999)):
+        with pytest.raises(AnsibleActionFail, match="^%s must be" % name):
+            action.check_args(args(**{name: value}))
