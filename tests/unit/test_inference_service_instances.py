@@ -3,8 +3,6 @@ overridden by its keys, its GPUs from CUDA_VISIBLE_DEVICES, and every reason two
 share the host refused by name, before anything runs (issue 26)."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -203,9 +201,8 @@ def test_no_list_is_one_instance_of_the_single_service_variables():
     assert resolved["instances"][0]["unit"] == "inference-server.service"
 
 
-def test_the_instance_loop_is_current_with_the_roles_spec():
-    assert subprocess.run([sys.executable, str(ROOT / "tools" / "gen_instance_tasks.py"), "--check"],
-                          capture_output=True, text=True, check=False).returncode == 0, "run tools/gen_instance_tasks.py"
+def test_the_instance_loop_sets_every_per_instance_variable():
+    # That the block is current is tests/unit/test_generate.py's; this reads what Ansible will.
     tasks = yaml.safe_load((ROOT / "roles" / "inference_service" / "tasks" / "instances.yml").read_text())
     loop = next(task for task in tasks if "loop" in task)
     assert sorted(name.removeprefix("inference_service_") for name in loop["vars"]) == instance_keys()
@@ -220,7 +217,7 @@ def test_the_generator_names_a_stale_loop_and_rewrites_only_its_block(tmp_path, 
     current = tasks.read_text()
     stale = current.replace('    inference_service_port: "{{ __inference_service_instance.port }}"\n', "")
     assert stale != current
-    fresh = gen_instance_tasks.generated(ROOT)[tasks]
+    fresh = gen_instance_tasks.generated(ROOT)[gen_instance_tasks.TASKS]
     assert fresh == current
     root = tmp_path / "root"
     (root / tasks.parent.relative_to(ROOT)).mkdir(parents=True)
