@@ -1,0 +1,117 @@
+"""gpu_reset's guarding decisions, one test each, at the level where each is made: who is
+protected (by which of its names), who is in scope with `gpus` (a target's children), who a
+later round signals (the identity is pid and start time), how long the kill phase waits, and
+what makes the scan after a round look again. Each test fails when its decision is broken in
+the way named in its docstring (tests/mutations/gpu_reset.yml and _procs.yml hold those bugs).
+
+Every process runs, with the module that signals it, in a private PID namespace
+(tests/functional/pidns.py; scenarios in gpu_reset_ns.py and gpu_reset_guards_ns.py).
+"""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.functional import pidns
+from tests.functional.gpu_reset_ns import cuda, dev_files, globs
+
+SCENARIO = "tests.functional.gpu_reset_ns:holders_then_runs"
+GUARDS = "tests.functional.gpu_reset_guards_ns"
+
+pytestmark = pytest.mark.skipif(pidns.available() is not None, reason=str(pidns.available()))
+
+
+def reset(holders, runs, **kwargs):
+    return pidns.run_in_pidns(SCENARIO, holders=holders, runs=runs, **kwargs)
+
+
+@pytest.fixture
+def dev(tmp_path):
+    return dev_files(tmp_path / "dev")
+
+
+def test_a_protected_daemon_that_renamed_its_comm_is_still_protected_by_argv0(tmp_path, dev):
+    """nvidia-persistenced run as /usr/bin/nvidia-persistenced, whose threads or a prctl gave it
+    another comm (what psutil's name then says too): only argv[0]'s base name still carries the
+    protected name, and it must be enough. Bug: comparing comm and psutil's name only kills it."""
+    daemon = tmp_path / "nvidia-persistenced"
+    daemon.symlink_to(sys.executable)
+    holders = [cuda(dev, [0], key="daemon", python=str(daemon), name="nvpd-worker"),
+               cuda(dev, [1], key="server", name="vllm-server")]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}])
+    result = out["runs"][0]["result"]
+    assert result["rc"] == 0, result.get("msg")
+    assert out["runs"][0]["alive"] == {"daemon": True, "server": False}
+    assert [(p["pid"], p["name"], p["reason"]) for p in result["protected"]] == [
+        (out["holders"]["daemon"]["pid"], "nvpd-worker", "protect_names")]
+
+
+def test_with_gpus_the_children_of_a_target_that_hold_no_device_are_stopped_too(dev):
+    """Resetting GPU 1: its server's tokenizer and API workers (started anew, mapping nothing)
+    are targets as its children, since no GPU is known for them; GPU 0's server and its worker
+    are left alone. Bug: judging a child as if it needed a selected GPU of its own (needs_gpu)
+    leaves the workers running beside a server that is gone."""
+    holders = [cuda(dev, [1], key="server", name="server-1",
+                    children=[{"key": "tokenizer", "fresh": True}, {"key": "api", "fresh": True}]),
+               cuda(dev, [0], key="neighbour", name="server-0", children=[{"key": "neighbour_worker", "fresh": True}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev), "gpus": ["1"]}}])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    pid = {key: entry["pid"] for key, entry in out["holders"].items()}
+    assert sorted((t["pid"], t["reason"]) for t in run["result"]["targets"]) == sorted(
+        [(pid["server"], "device"), (pid["tokenizer"], "child"), (pid["api"], "child")])
+    assert run["alive"] == {"server": False, "tokenizer": False, "api": False, "neighbour": True,
+                            "neighbour_worker": True}
+
+
+def test_a_new_holder_that_reuses_the_pid_of_a_signalled_target_is_signalled_in_the_next_round(dev):
+    """The target exits on SIGTERM; before the scan after the round reads the processes, a new
+    process that maps GPU 0 takes its pid. It is another process (another start time): the next
+    round stops it. Bug: remembering the signalled targets by pid alone leaves it holding the GPU
+    while the task succeeds."""
+    holder = cuda(dev, [0], key="server", name="server")
+    newcomer = cuda(dev, [0], key="newcomer", name="newcomer")
+    out = pidns.run_in_pidns(GUARDS + ":reused_pid_after_the_round", holder=holder, newcomer=newcomer,
+                             device_paths=globs(dev))
+    result, target, reused = out["result"], out["target"], out["newcomer"]
+    assert reused is not None, "the module never reached the scan after the round: %s" % result
+    assert reused["pid"] == target["pid"] and reused["starttime"] != target["starttime"]
+    assert result["rc"] == 0, result.get("msg")
+    assert [(t["pid"], t["name"], t["round"]) for t in result["targets"]] == [
+        (target["pid"], "server", 1), (target["pid"], "newcomer", 2)]
+    assert out["newcomer_alive"] is False
+
+
+def test_kill_timeout_is_counted_from_sigkill_even_when_the_grace_period_is_longer():
+    """A target that ignores SIGTERM and, once SIGKILLed, stays in the kernel (state D) for half
+    a second: with grace_period 2 and kill_timeout 2 it is waited for and reported gone after
+    SIGKILL. Bug: counting kill_timeout from the first SIGTERM leaves no wait after SIGKILL when
+    grace_period >= kill_timeout, and the process is reported a survivor (the task fails)."""
+    out = pidns.run_in_pidns(GUARDS + ":lingering_after_sigkill", grace_period=2, kill_timeout=2, linger=0.5)
+    outcome = out["outcome"]
+    assert out["went_at"] is not None, "the target never went: %s" % out
+    assert outcome["survivors"] == [], "reported a survivor %.2f s after the start, though it went at %.2f s" % (
+        out["returned_at"], out["went_at"])
+    assert [(e["pid"], e["signal"]) for e in outcome["ended"]] == [(out["target"]["pid"], "SIGKILL")]
+    assert 2.0 <= outcome["ended"][0]["seconds"] < 4.0
+
+
+def test_a_respawned_api_server_that_maps_nothing_makes_the_scan_after_a_round_look_again(dev):
+    """The API server (found by cmdline_patterns, mapping nothing) detaches a successor on SIGTERM
+    (fork, setsid, fork; the middle process exits), born after the scan that follows the round
+    listed /proc (a seccomp gate makes that happen every time). The successor has the server's
+    command line and maps nothing: the scan must look again and a second round stop it. Bug:
+    only newcomers that map a device make it look again, and the task ends with the server's
+    successor running."""
+    tag = "cleanslate-test-respawned-api-server"
+    holder = {"key": "server", "name": "api-server", "term_detaches": {"name": "successor"}}
+    out = pidns.run_in_pidns("tests.functional.gpu_reset_ns:detached_successor_gated", holder=holder,
+                             device_paths=globs(dev), watch=[], params={"cmdline_patterns": [tag]},
+                             argv_extra=[tag])
+    result = out["result"]
+    assert len(out["released"]) == 1, "the module never reached the scan after the round: %s" % result
+    assert result["rc"] == 0, result.get("msg")
+    assert [(t["name"], t["reason"], t["round"]) for t in result["targets"]] == [
+        ("api-server", "cmdline", 1), ("successor", "cmdline", 2)]
+    assert out["living"] == [], "the successor still runs: pids %s" % out["living"]
