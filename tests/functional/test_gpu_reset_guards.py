@@ -115,3 +115,25 @@ def test_a_respawned_api_server_that_maps_nothing_makes_the_scan_after_a_round_l
     assert [(t["name"], t["reason"], t["round"]) for t in result["targets"]] == [
         ("api-server", "cmdline", 1), ("successor", "cmdline", 2)]
     assert out["living"] == [], "the successor still runs: pids %s" % out["living"]
+
+
+def test_an_api_server_that_initialised_cuda_without_memory_is_still_a_target_of_its_pattern(dev, fake_nvml_lib):
+    """The API server named by cmdline_patterns initialised CUDA without a context: it maps
+    GPU 0 and nvidiactl, and NVML accounts for all the memory elsewhere, so by the device files
+    it is a client. The pattern still makes it a target (a client matched by cmdline_patterns is
+    one, RV(clients) says). Bug: a process that maps a device file is never judged by the pattern,
+    and the API server whose workers were stopped lives on."""
+    tag = "cleanslate-test-api-server-with-cuda"
+    holders = [cuda(dev, [0], uvm=False, key="api", name="api-server", argv_extra_hex=[tag.encode().hex()]),
+               cuda(dev, [1], key="worker", name="worker", nvml=[{"gpu": 1, "mib": 5000}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev), "cmdline_patterns": [tag]}}], nvml=4,
+                lib_dir=str(fake_nvml_lib))
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    pid = {key: entry["pid"] for key, entry in out["holders"].items()}
+    assert sorted((t["pid"], t["reason"]) for t in run["result"]["targets"]) == sorted(
+        [(pid["api"], "cmdline"), (pid["worker"], "device")])
+    api = [t for t in run["result"]["targets"] if t["pid"] == pid["api"]][0]
+    assert "without nvidia-uvm" in api["evidence"] and "command line matches" in api["evidence"]
+    assert run["result"]["clients"] == []
+    assert run["alive"] == {"api": False, "worker": False}
