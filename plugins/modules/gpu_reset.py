@@ -781,7 +781,7 @@ class Planner:
             verdict = ("protected", "self")
         else:
             argv = self.cmdline(pid)
-            names = [stat["comm"], process_name(pid)] + ([argv[0].rsplit("/", 1)[-1]] if argv else [])
+            names = [stat["comm"], process_name(pid), executable_name(pid)] + ([argv[0].rsplit("/", 1)[-1]] if argv else [])
             spare = self.spare_reason(pid)
             if _procs.name_is_protected(names, stat["comm"], self.protect):
                 verdict = ("protected", "protect_names")
@@ -851,6 +851,15 @@ def process_name(pid):
     try:
         return psutil.Process(pid).name()
     except psutil.Error:
+        return ""
+
+
+def executable_name(pid):
+    """The base name of the process's executable ('' if unknown), read with readlink: the kernel's
+    own, kept when a daemon renames its comm and rewrites its argv[0]."""
+    try:
+        return os.path.basename(_procs.kernel_path(os.readlink("%s/%d/exe" % (_procs.PROC, pid))))
+    except OSError:
         return ""
 
 

@@ -9,6 +9,7 @@ Every process runs, with the module that signals it, in a private PID namespace
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -45,6 +46,25 @@ def test_a_protected_daemon_that_renamed_its_comm_is_still_protected_by_argv0(tm
     assert out["runs"][0]["alive"] == {"daemon": True, "server": False}
     assert [(p["pid"], p["name"], p["reason"]) for p in result["protected"]] == [
         (out["holders"]["daemon"]["pid"], "nvpd-worker", "protect_names")]
+
+
+def test_a_protected_daemon_whose_comm_and_argv0_both_changed_is_still_protected_by_its_executable(tmp_path, dev):
+    """The executable is nvidia-persistenced (a hard link of the interpreter: /proc/PID/exe names
+    the link), started with another argv[0] (exec -a) and renamed by prctl: its executable's base
+    name is the one name left, and protect_names compares it too. Bug: comparing comm, psutil's
+    name and argv[0] only kills the daemon."""
+    daemon = tmp_path / "nvidia-persistenced"
+    os.link(os.path.realpath(sys.executable), daemon)
+    launcher = tmp_path / "launcher"
+    launcher.write_text('#!/bin/bash\nexec -a nvpd %s "$@"\n' % daemon)
+    launcher.chmod(0o755)
+    holders = [cuda(dev, [0], key="daemon", python=str(launcher), name="nvpd-worker"),
+               cuda(dev, [1], key="server", name="vllm-server")]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}])
+    result = out["runs"][0]["result"]
+    assert result["rc"] == 0, result.get("msg")
+    assert out["runs"][0]["alive"] == {"daemon": True, "server": False}
+    assert [(p["pid"], p["reason"]) for p in result["protected"]] == [(out["holders"]["daemon"]["pid"], "protect_names")]
 
 
 def test_with_gpus_the_children_of_a_target_that_hold_no_device_are_stopped_too(dev):
