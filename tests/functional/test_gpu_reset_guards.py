@@ -157,3 +157,50 @@ def test_an_api_server_that_initialised_cuda_without_memory_is_still_a_target_of
     assert "without nvidia-uvm" in api["evidence"] and "command line matches" in api["evidence"]
     assert run["result"]["clients"] == []
     assert run["alive"] == {"api": False, "worker": False}
+
+
+def test_a_few_mib_the_driver_counts_beyond_the_listed_shares_make_no_client_a_holder(dev, fake_nvml_lib):
+    """The real driver counts as used a few MiB more than the shares it lists: that is no memory
+    of a hidden process, so the CUDA probe (maps GPU 0 without a context, listed nowhere) stays a
+    client while the listed server on GPU 0 is stopped. Bug: any memory above the listed shares
+    (UNATTRIBUTED_MIB 0) makes every unlisted mapper of that GPU its holder."""
+    holders = [cuda(dev, [0], uvm=False, key="probe", name="cuda-probe"),
+               cuda(dev, [0], key="server", name="server", nvml=[{"gpu": 0, "mib": 5000}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}], nvml=4, lib_dir=str(fake_nvml_lib),
+                faults=[{"fault": "stuck_memory", "gpu": 0, "mib": 20}])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert [t["pid"] for t in run["result"]["targets"]] == [out["holders"]["server"]["pid"]]
+    assert [c["pid"] for c in run["result"]["clients"]] == [out["holders"]["probe"]["pid"]]
+    assert run["alive"] == {"probe": True, "server": False}
+
+
+def test_an_unpinned_holder_is_spared_only_for_the_spared_gpu_it_holds_not_for_one_it_maps(dev, fake_nvml_lib):
+    """The broken server on GPU 0 sees every GPU (maps GPUs 0 to 3) and NVML lists it on GPU 0
+    only; the neighbour on spared GPU 2 is listed there. Resetting GPU 0 with spare_gpus [2]
+    stops the server and spares the neighbour. Bug: judging spare_gpus by the GPUs a process maps
+    spares the broken server, since it maps GPU 2 too."""
+    holders = [cuda(dev, [0, 1, 2, 3], key="server", name="server", nvml=[{"gpu": 0, "mib": 5000}]),
+               cuda(dev, [2], key="neighbour", name="neighbour", nvml=[{"gpu": 2, "mib": 5000}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev), "gpus": ["0"], "spare_gpus": ["2"]}}], nvml=4,
+                lib_dir=str(fake_nvml_lib))
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    assert [(t["pid"], t["gpus"]) for t in run["result"]["targets"]] == [(out["holders"]["server"]["pid"], [0])]
+    assert run["alive"] == {"server": False, "neighbour": True}
+
+
+def test_a_dead_worker_left_a_zombie_is_no_target_of_its_parents_reset(dev):
+    """A crashed engine: one worker died and its parent never reaped it (a zombie), the other
+    lives. The zombie holds nothing and cannot be signalled: it is not a target (targets lists
+    what is stopped), the live worker is. Bug: judging a child without looking at its state lists
+    the zombie as a target, one that is neither killed nor a survivor."""
+    holders = [cuda(dev, [0], key="server", name="server",
+                    children=[{"key": "dead_worker", "exits": True}, {"key": "worker", "fresh": True}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev)}}])
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    pid = {key: entry["pid"] for key, entry in out["holders"].items()}
+    assert sorted((t["pid"], t["reason"]) for t in run["result"]["targets"]) == sorted(
+        [(pid["server"], "device"), (pid["worker"], "child")])
+    assert sorted(k["pid"] for k in run["result"]["killed"]) == sorted([pid["server"], pid["worker"]])
