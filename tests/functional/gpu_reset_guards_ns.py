@@ -42,12 +42,12 @@ def reused_pid_after_the_round(ns, holder, newcomer, device_paths) -> dict:
             "newcomer_alive": bool(reused) and ns.alive(reused)}
 
 
-def lingering_after_sigkill(ns, grace_period, kill_timeout, linger) -> dict:
+def lingering_after_sigkill(ns, grace_period, kill_timeout, linger, state="D") -> dict:
     """_procs.terminate on a target that ignores SIGTERM and, after SIGKILL, stays in the kernel
-    (state D) for `linger` seconds before it is gone, as a process does while the driver tears
-    down its GPU context. The real process dies at once; the /proc that terminate reads (a copy
-    of the real entry, proc=) shows it in state D until `linger` seconds after its death, then a
-    zombie. Returns terminate's outcome and when (seconds after its start) the target went."""
+    in `state` for `linger` seconds before it is gone: D while the driver tears down its GPU
+    context, R while the kernel frees a large address space. The real process dies at once; the
+    /proc that terminate reads (a copy of the real entry, proc=) shows it in `state` until
+    `linger` seconds after its death, then a zombie. Returns terminate's outcome and when (seconds after its start) the target went."""
     sys.path.insert(0, COLLECTIONS)
     from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs  # pylint: disable=import-outside-toplevel
     target = ns.start(key="target", ignore_term=True)["target"]
@@ -64,13 +64,13 @@ def lingering_after_sigkill(ns, grace_period, kill_timeout, linger) -> dict:
         (fake / "stat.new").write_bytes(head + b") " + b" ".join(fields))
         (fake / "stat.new").rename(fake / "stat")  # never a half-written stat
 
-    show(b"S")
+    show(b"R" if state == "R" else b"S")  # a busy target is runnable before its signals too
     went = {}
 
     def tear_down():
         while proc.poll() is None:  # the real death, after SIGKILL (SIGTERM is ignored)
             time.sleep(0.005)
-        show(b"D")
+        show(state.encode())
         time.sleep(linger)
         show(b"Z")
         went["at"] = time.monotonic() - began

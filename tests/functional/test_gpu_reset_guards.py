@@ -117,6 +117,19 @@ def test_kill_timeout_is_counted_from_sigkill_even_when_the_grace_period_is_long
     assert 2.0 <= outcome["ended"][0]["seconds"] < 4.0
 
 
+def test_a_target_still_on_its_way_out_when_kill_timeout_ends_is_killed_not_a_survivor():
+    """kill_timeout 0: the SIGKILLed target is still runnable (state R) for half a second while
+    the kernel tears it down. It is given that time and reported gone after SIGKILL. Bug: no time
+    after kill_timeout (SETTLE_S 0) reports it a survivor and fails the task over a process that
+    is dying."""
+    out = pidns.run_in_pidns(GUARDS + ":lingering_after_sigkill", grace_period=0, kill_timeout=0, linger=0.5,
+                             state="R")
+    outcome = out["outcome"]
+    assert outcome["survivors"] == [], "reported a survivor %.2f s after the start, though it went at %s s" % (
+        out["returned_at"], out["went_at"])
+    assert [(e["pid"], e["signal"]) for e in outcome["ended"]] == [(out["target"]["pid"], "SIGKILL")]
+
+
 def test_a_respawned_api_server_that_maps_nothing_makes_the_scan_after_a_round_look_again(dev):
     """The API server (found by cmdline_patterns, mapping nothing) detaches a successor on SIGTERM
     (fork, setsid, fork; the middle process exits), born after the scan that follows the round
