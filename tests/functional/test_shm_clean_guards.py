@@ -1,9 +1,9 @@
 """shm_clean's guarding decisions that the kernel this runs on cannot show by itself.
 
-On overlayfs, kernels before the backing-file rework (Linux 6.x) show a mapping of a file in
-/proc/PID/maps with the device and inode of the layer's real file, not the overlay's that stat()
-and mountinfo give: a device filter then misses every mapping of a segment, and a live segment
-looks unused. The test mounts a real overlayfs in a private mount namespace (the one
+On overlayfs, older kernels show a mapping of a file in /proc/PID/maps with the device and inode
+of the layer's real file, not the overlay's that stat() and mountinfo give (the kernel this was
+written on, 6.18, shows the overlay's): a device filter then misses every mapping of a segment,
+and a live segment looks unused. The test mounts a real overlayfs in a private mount namespace (the one
 tests/functional/pidns.py makes), maps a segment from a real process, and hands the scan that
 process's real maps as such a kernel prints them (the device and inode of the upper layer's file).
 """
@@ -35,8 +35,8 @@ pytestmark = pytest.mark.skipif(pidns.available() is not None, reason=str(pidns.
 
 
 def as_an_older_kernel_maps(maps, shown, real):
-    """maps text with each mapping of the file at path `shown` printed as a kernel before the
-    backing-file rework prints it: the real file's device, inode and path (`real`)."""
+    """maps text with each mapping of the file at path `shown` printed as an older kernel prints
+    it: the layer's real file's device, inode and path (`real`)."""
     st = os.stat(real)
     lines = []
     for line in maps.splitlines(keepends=True):
