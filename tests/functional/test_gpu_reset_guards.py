@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.functional import pidns
-from tests.functional.gpu_reset_ns import cuda, dev_files, globs
+from tests.functional.gpu_reset_ns import client, cuda, dev_files, globs
 
 SCENARIO = "tests.functional.gpu_reset_ns:holders_then_runs"
 GUARDS = "tests.functional.gpu_reset_guards_ns"
@@ -217,3 +217,23 @@ def test_a_dead_worker_left_a_zombie_is_no_target_of_its_parents_reset(dev):
     assert sorted((t["pid"], t["reason"]) for t in run["result"]["targets"]) == sorted(
         [(pid["server"], "device"), (pid["worker"], "child")])
     assert sorted(k["pid"] for k in run["result"]["killed"]) == sorted([pid["server"], pid["worker"]])
+
+
+def test_a_pattern_target_that_maps_nothing_is_in_scope_whatever_gpu_nvml_wrongly_lists_it_on(dev, fake_nvml_lib):
+    """Resetting GPU 1: its API server (cmdline_patterns; it opens the device files to query NVML,
+    maps none) has a pid that NVML lists on GPU 0 (the listing is another process's: a reused pid,
+    or a pid of another namespace). A listing without a mapping is no evidence, so no GPU is known
+    for the server and it is a target; GPU 0's holder is left alone. Bug: taking NVML's GPUs for a
+    process that maps nothing puts the API server on GPU 0, out of scope, and it survives."""
+    tag = "cleanslate-test-api-server-listed-elsewhere"
+    holders = [client(dev, key="api", name="api-server", argv_extra_hex=[tag.encode().hex()]),
+               cuda(dev, [1], key="worker", name="worker", nvml=[{"gpu": 1, "mib": 5000}]),
+               cuda(dev, [0], key="other", name="other", nvml=[{"gpu": 0, "mib": 100, "listed_as": "api"}])]
+    out = reset(holders, [{"params": {"device_paths": globs(dev), "gpus": ["1"], "cmdline_patterns": [tag]}}], nvml=4,
+                lib_dir=str(fake_nvml_lib))
+    run = out["runs"][0]
+    assert run["result"]["rc"] == 0, run["result"].get("msg")
+    pid = {key: entry["pid"] for key, entry in out["holders"].items()}
+    assert sorted((t["pid"], t["reason"], tuple(t["gpus"])) for t in run["result"]["targets"]) == sorted(
+        [(pid["api"], "cmdline", ()), (pid["worker"], "device", (1,))])
+    assert run["alive"] == {"api": False, "worker": False, "other": True}
