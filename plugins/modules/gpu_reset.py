@@ -737,6 +737,8 @@ class Planner:
             words.append("NVML shows memory on GPU %s that no live process it lists accounts for" % held)
         else:
             words.append("NVML shows no memory of its own, nor any it cannot attribute, on those GPUs")
+        if pid in self.why:
+            words.append(self.why[pid])
         return "; ".join(words)
 
     # --- who may be a target -----------------------------------------------------------------
@@ -779,7 +781,7 @@ class Planner:
             verdict = ("protected", "self")
         else:
             argv = self.cmdline(pid)
-            names = [stat["comm"], process_name(pid)] + ([argv[0].rsplit("/", 1)[-1]] if argv else [])
+            names = [stat["comm"], process_name(pid), executable_name(pid)] + ([argv[0].rsplit("/", 1)[-1]] if argv else [])
             spare = self.spare_reason(pid)
             if _procs.name_is_protected(names, stat["comm"], self.protect):
                 verdict = ("protected", "protect_names")
@@ -805,7 +807,9 @@ class Planner:
         found.extend((pid, "nvml", True) for pid in sorted(self.elsewhere))
         if self.patterns:
             for pid in sorted(self.table):
-                if pid in self.mapped or pid in self.elsewhere:
+                # A mapper holding no memory (CUDA initialised without a context, as an API server
+                # may be) is a client by its device files, and still a target of a pattern.
+                if pid in self.elsewhere or (pid in self.mapped and self.holds_memory(pid)):
                     continue
                 line = " ".join(self.cmdline(pid))
                 matching = [p.pattern for p in self.patterns if line and p.search(line)]
@@ -847,6 +851,15 @@ def process_name(pid):
     try:
         return psutil.Process(pid).name()
     except psutil.Error:
+        return ""
+
+
+def executable_name(pid):
+    """The base name of the process's executable ('' if unknown), read with readlink: the kernel's
+    own, kept when a daemon renames its comm and rewrites its argv[0]."""
+    try:
+        return os.path.basename(_procs.kernel_path(os.readlink("%s/%d/exe" % (_procs.PROC, pid))))
+    except OSError:
         return ""
 
 

@@ -279,14 +279,16 @@ def detached_successor_runs(ns, holder, device_paths, watch, runs, params=None) 
     return {"runs": done}
 
 
-def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
+def detached_successor_gated(ns, holder, device_paths, watch, params=None, argv_extra=()) -> dict:
     """The detached successor born at the worst moment, on purpose: `holder` (term_detaches, its
     middle process held on the FIFO detach_hold) is stopped by gpu_reset under a seccomp gate
     (tests/syscall_gate.py) that holds the module at its first read of a process's stat once the
     holder is gone: the scan after the round has listed /proc. The test then lets the middle
     process fork the successor and waits until the middle has exited and the successor has taken
     its name, so the successor is in no listing that scan took, and its parent is gone when the
-    scan reads it. Returns the result and who maps the watched paths after the run."""
+    scan reads it. params: more of gpu_reset's; argv_extra: more arguments of the holder (its
+    successor has them too). Returns the result, who maps the watched paths after the run and
+    which processes other than this one live then."""
     import os  # pylint: disable=import-outside-toplevel
     import time  # pylint: disable=import-outside-toplevel
     from tests.functional.pidns import read_stat  # pylint: disable=import-outside-toplevel
@@ -294,7 +296,7 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
 
     fifo = str(ns.scratch / "detach.fifo")
     os.mkfifo(fifo)
-    started = ns.start(**dict(holder, detach_hold=fifo))
+    started = ns.start(argv_extra=list(argv_extra), **dict(holder, detach_hold=fifo))
     server = started[holder["key"]]["pid"]
     released = []
 
@@ -326,5 +328,7 @@ def detached_successor_gated(ns, holder, device_paths, watch) -> dict:
         released.append({"middle": middle, "held_at": call.path.decode()})
 
     with SyscallGate(ns.scratch, hold=["openat"], handler=on_call) as gate:
-        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths), env=NO_NVML, python=gate.python)
-    return {"result": result, "released": released, "left": ns.mappers(watch)}
+        result = ns.module("gpu_reset", dict(FAST, device_paths=device_paths, **(params or {})), env=NO_NVML,
+                           python=gate.python)
+    living = sorted(pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if pid != 1 and not gone(pid))
+    return {"result": result, "released": released, "left": ns.mappers(watch), "living": living}
