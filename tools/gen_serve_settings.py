@@ -1,4 +1,4 @@
-"""Write the inference_service role's defaults, the options of its argument spec and its plugins' documented options from its table of settings.
+"""Write the inference_service role's defaults, its spec's options and its plugins' documented options from its table.
 
 The table (plugins/module_utils/_settings.py, one Setting per inference_service_* variable: type,
 default, choices, no_log, description, and the plugins' options it feeds: Pass) is written into:
