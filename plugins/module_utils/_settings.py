@@ -134,8 +134,8 @@ SETTINGS = (
             'str',
             default='',
             passes=(Pass(ARGS, description=(
-                        'The engine version whose flag data checks the command line; empty means O(host_engine_version). '
-                        'A version without data fails with the versions known.',)),),
+                'The engine version whose flag data checks the command line; empty means O(host_engine_version). '
+                'A version without data fails with the versions known.',)),),
             description=('The engine version whose flags the command line is checked against. Empty means the version '
                  "installed on the host, asked of the Python the engine's executable names; a version without flag "
                  'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
@@ -190,8 +190,8 @@ SETTINGS = (
             default=0,
             range=Range(minimum=0, maximum=1, kind='a share', zero="the engine's default"),
             passes=(Pass(ARGS, description=(
-                        "Fraction of each GPU's memory the engine may use, more than 0 and at most 1; 0 means the "
-                        "engine's default.",)),),
+                "Fraction of each GPU's memory the engine may use, more than 0 and at most 1; 0 means the "
+                "engine's default.",)),),
             flags={'vllm': 'gpu_memory_utilization', 'sglang': 'mem_fraction_static'},
             omit_empty=True,
             description=("Fraction of each GPU's memory the engine may use (vLLM C(--gpu-memory-utilization), SGLang "
@@ -208,7 +208,7 @@ SETTINGS = (
             'dict',
             default={},
             passes=(Pass(ARGS, description=(
-                        "Speculative decoding in the engine's own keys (see the role's C(inference_service_speculative)).",)),),
+                "Speculative decoding in the engine's own keys (see the role's C(inference_service_speculative)).",)),),
             description=("Speculative decoding, in the engine's own keys. vLLM - the keys of its SpeculativeConfig, passed as "
                  'the JSON of C(--speculative-config); C(method) is required (vLLM still renames a method other than '
                  "eagle, eagle3, dflash and dspark after the draft's repository name, and the result names the method "
@@ -224,7 +224,7 @@ SETTINGS = (
             elements='str',
             default=[],
             passes=(Pass(ARGS, spec={'elements': 'raw'}, description=(
-                        'More command-line items, each flag and each value its own item.',)),),
+                'More command-line items, each flag and each value its own item.',)),),
             description=('More command-line items, each flag and each value its own item, for example C([--max-num-seqs, '
                  '"256"]). Each is checked against the engine version\'s flags; flags the role sets and secret flags '
                  'are refused.',)),
@@ -239,21 +239,22 @@ SETTINGS = (
             'dict',
             default={},
             no_log=True,
-            passes=(Pass(ARGS, description=(
-                        "The secrets (the role's C(inference_service_secrets) - C(api_key), C(hf_token), "
-                        'C(admin_api_key), C(environment)). Only which ones are set decides the secret files; the values '
-                        'are compared against the command line, the environment and the names, and masked in every '
-                        'message.',)),
-                    Pass(GATE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of, description=(
-                        'The API key, sent as C(Authorization: Bearer <key>). Empty means none.',
-                        'Hidden, like O(secrets), in every form, in everything the module returns.',)),
-                    Pass(GATE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list, version_added='0.2.0', description=(
-                        'More secrets (an admin key, a token in the environment) to hide, like O(api_key), in everything '
-                        'the module returns (messages, journal lines, quoted answers, RV(last_seen)).',
-                        'Each is hidden as it is and in the forms engines and tools print it, a Python repr (SGLang logs '
-                        'its arguments so), JSON, shell quoting and URL encoding, replaced by C(********).',)),
-                    Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
-                    Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
+            passes=(
+                Pass(ARGS, description=(
+                    "The secrets (the role's C(inference_service_secrets) - C(api_key), C(hf_token), "
+                    'C(admin_api_key), C(environment)). Only which ones are set decides the secret files; the values '
+                    'are compared against the command line, the environment and the names, and masked in every '
+                    'message.',)),
+                Pass(GATE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of, description=(
+                    'The API key, sent as C(Authorization: Bearer <key>). Empty means none.',
+                    'Hidden, like O(secrets), in every form, in everything the module returns.',)),
+                Pass(GATE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list, version_added='0.2.0', description=(
+                    'More secrets (an admin key, a token in the environment) to hide, like O(api_key), in everything '
+                    'the module returns (messages, journal lines, quoted answers, RV(last_seen)).',
+                    'Each is hidden as it is and in the forms engines and tools print it, a Python repr (SGLang logs '
+                    'its arguments so), JSON, shell quoting and URL encoding, replaced by C(********).',)),
+                Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
+                Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
             suboptions={'api_key': {'type': 'str',
              'no_log': True,
              'description': ['The API key clients must send (vLLM reads it from C(VLLM_API_KEY); '
@@ -272,7 +273,7 @@ SETTINGS = (
             'str',
             default='',
             passes=(Pass(ARGS, description=(
-                        "The engine's executable; empty means C(<venv>/bin/<engine>), or C(/usr/local/bin/<engine>).",)),),
+                "The engine's executable; empty means C(<venv>/bin/<engine>), or C(/usr/local/bin/<engine>).",)),),
             description=("Absolute path of the engine's executable. Empty means C(<venv>/bin/<engine>) with "
                  'O(inference_service_venv), else C(/usr/local/bin/<engine>). It must exist on the host.',)),
     Setting('venv',
@@ -323,8 +324,8 @@ SETTINGS = (
             default=30,
             range=Range(minimum=0, maximum=86400, unit='seconds', whole=True),
             passes=(Pass(ARGS, description=(
-                        'Seconds the server drains in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)), 0 to '
-                        '86400.',)),),
+                'Seconds the server drains in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)), 0 to '
+                '86400.',)),),
             # SIGTERM drains in-flight requests for this long (0 would abort them); SGLang has no such flag.
             flags={'vllm': 'shutdown_timeout'},
             description=('Seconds the server may drain in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)); '
@@ -349,19 +350,20 @@ SETTINGS = (
             default=3600,
             range=Range(minimum=0, maximum=604800, unit='seconds', whole=True, note='a week'),
             passes=(Pass(GATE, 'timeout', description=(
-                        'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
-                        'module itself waits at most O(progress_interval) per call.',)),),
+                'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
+                'module itself waits at most O(progress_interval) per call.',)),),
             description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',)),
     Setting('health_timeout',
             'float',
             default=0,
             range=Range(minimum=0, maximum=3600, unit='seconds', zero="the engine's own"),
-            passes=(Pass(GATE, version_added='0.2.0', description=(
-                        'Seconds one health request may take; a server that accepts the connection but answers later is '
-                        'RV(verdict) V(slow), not V(unhealthy).',
-                        "V(0) means the engine's own default (docs/inference_service.md's engine table; SGLang's "
-                        'C(/health) runs a one-token generation, up to 20 s under load).',)),
-                    Pass(PROBE)),
+            passes=(
+                Pass(GATE, version_added='0.2.0', description=(
+                    'Seconds one health request may take; a server that accepts the connection but answers later is '
+                    'RV(verdict) V(slow), not V(unhealthy).',
+                    "V(0) means the engine's own default (docs/inference_service.md's engine table; SGLang's "
+                    'C(/health) runs a one-token generation, up to 20 s under load).',)),
+                Pass(PROBE)),
             description=("Seconds one C(/health) request may take; 0 means the engine's own (docs/inference_service.md's "
                  "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
                  'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
@@ -371,11 +373,11 @@ SETTINGS = (
             default=5,
             range=Range(minimum=0, maximum=3600, unit='seconds'),
             passes=(Pass(GATE, version_added='0.2.0', description=(
-                        'With O(unit), seconds after the server first answered at which the unit is read again, after the '
-                        'smoke test; a unit that died, restarted or is not active then fails the gate.',
-                        'A server this run did not start (O(started) false) that an earlier look saw answering '
-                        '(O(healthy_seen)), in the invocation it still runs, has been answering since that look; the '
-                        'window counts from it.',)),),
+                'With O(unit), seconds after the server first answered at which the unit is read again, after the '
+                'smoke test; a unit that died, restarted or is not active then fails the gate.',
+                'A server this run did not start (O(started) false) that an earlier look saw answering '
+                '(O(healthy_seen)), in the invocation it still runs, has been answering since that look; the '
+                'window counts from it.',)),),
             description=('Seconds the server must stay up, in the same systemd invocation, after it first answers, before the '
                  'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
                  'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
@@ -394,7 +396,7 @@ SETTINGS = (
             default=30,
             range=Range(minimum=1, maximum=86400, unit='seconds', whole=True),
             passes=(Pass(GATE, description=(
-                        'Longest time, in seconds, one module call waits before it returns to print progress.',)),),
+                'Longest time, in seconds, one module call waits before it returns to print progress.',)),),
             description=('Longest silence, in seconds, between two progress lines while the gate waits (elapsed time, unit '
                  'state, what the server last answered).',)),
     Setting('smoke_prompt',
@@ -407,14 +409,14 @@ SETTINGS = (
             default=16,
             range=Range(minimum=1, maximum=1048576, unit='tokens', whole=True),
             passes=(Pass(GATE, 'max_tokens', spec={'no_log': False}, description=(
-                        'Tokens each smoke completion generates.',)),),
+                'Tokens each smoke completion generates.',)),),
             description=('Tokens each smoke completion generates.',)),
     Setting('smoke_completions',
             'int',
             default=3,
             range=Range(minimum=1, maximum=100, unit='completions', whole=True),
             passes=(Pass(GATE, 'completions', description=(
-                        "How many smoke completions to send; the first one's latency is reported.",)),),
+                "How many smoke completions to send; the first one's latency is reported.",)),),
             description=("Smoke completions after the server answers; the first one's latency is reported, and all of them "
                  'feed the acceptance rate.',)),
     Setting('min_acceptance_rate',
@@ -422,8 +424,8 @@ SETTINGS = (
             default=0.3,
             range=Range(minimum=0, maximum=1, kind='a share', note='0.3 is 30%'),
             passes=(Pass(GATE, spec={'default': 0}, description=(
-                        'With O(speculative), an acceptance rate below this makes RV(status) V(degraded) (a warning); 0 '
-                        'means no floor.',)),),
+                'With O(speculative), an acceptance rate below this makes RV(status) V(degraded) (a warning); 0 '
+                'means no floor.',)),),
             description=('With speculative decoding, an acceptance rate below this is reported V(degraded) (speculation that '
                  'rarely hits is slower than none); 0 means no floor.',)),
     Setting('fail_on_degraded',
