@@ -23,8 +23,8 @@ from tools import _generated  # noqa: E402  pylint: disable=wrong-import-positio
 # One line a generator, each after every generator whose files it reads.
 GENERATORS = (
     "tools/gen_node_reset_docs.py",   # node_reset's docs, spec and defaults from its steps and modules
-    "tools/gen_engine_docs.py",       # the modules' engine choices and the engine table from the registry
-    "tools/gen_serve_settings.py",    # inference_service's defaults and spec options from its settings table
+    "tools/gen_engine_docs.py",       # inference_host's engine choices and the engine table from the registry
+    "tools/gen_serve_settings.py",    # inference_service's defaults, spec options, stubs' options from its table
     "tools/gen_instance_tasks.py",    # reads inference_service's spec
     "tools/gen_variables_table.py",   # reads both roles' specs
 )

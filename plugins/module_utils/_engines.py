@@ -10,9 +10,10 @@ Read by the command builder (plugin_utils/_serve_command.py: how secrets reach t
 speculative dialect; which flag carries each setting is the setting's, module_utils/_settings.py), the readiness gate (modules/inference_ready.py:
 health paths, health timeout, metric names), the host look (modules/inference_host.py: the
 distributions whose version is read), the argument specs of inference_args and
-inference_ready (their choices), and tools/gen_engine_docs.py, which writes the engine list into
-the modules' documented choices and docs/inference_service.md's engine table (`make generate`; a
-unit test fails until it is run). What an engine version accepts on its command line is its flag data
+inference_ready (their choices, documented by tools/gen_serve_settings.py from the settings' table),
+and tools/gen_engine_docs.py, which writes the engine list into inference_host's documented choices
+and docs/inference_service.md's engine table (`make generate`; a unit test fails until it is run).
+What an engine version accepts on its command line is its flag data
 (roles/inference_service/files/flags/, from its real parser), not this file.
 """
 

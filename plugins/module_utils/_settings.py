@@ -20,8 +20,9 @@ Read by:
   plugins/modules/inference_ready.py          its argument spec and its number checks, on the host
   plugins/action/inference_ready.py           the ranges of the options it reads itself
 
-A setting added here (and a test) reaches the role's spec, its defaults, its checks, the plugins
-and, with `flags`, the engine's command line: tools/gen_serve_settings.py writes the rest.
+A setting added here (and a test) reaches the role's spec, its defaults, its checks, the plugins,
+their modules' documented options and, with `flags`, the engine's command line:
+tools/gen_serve_settings.py writes the rest.
 """
 
 from __future__ import annotations
@@ -60,12 +61,17 @@ def secret_list(secrets) -> list:
 class Pass:
     """A plugin takes the setting as its option `option` (the setting's name when None); `spec`
     changes the option's spec from the setting's (required, another default); `convert` makes the
-    option's value of the setting's."""
+    option's value of the setting's. `description` (paragraphs, as Setting's) and `version_added`
+    are the option's documentation in the plugin's module stub (tools/gen_serve_settings.py);
+    without a description the setting's own. An option two passes feed (the gate's and the probe's)
+    is described by one of them."""
 
-    def __init__(self, plugin, option=None, spec=None, convert=None):
+    def __init__(self, plugin, option=None, spec=None, convert=None, description=None, version_added=None):
         if plugin not in PLUGINS:
             raise ValueError("no plugin %s (%s)" % (plugin, ", ".join(PLUGINS)))
         self.plugin, self.option, self.spec, self.convert = plugin, option, dict(spec or {}), convert
+        self.description = tuple(description) if description is not None else None
+        self.version_added = version_added
 
 
 class Setting:
@@ -119,12 +125,17 @@ SETTINGS = (
             'str',
             default='vllm',
             choices=ENGINE_NAMES,
-            passes=(Pass(ARGS, spec=REQUIRED), Pass(GATE, spec=REQUIRED), Pass(PROBE, spec=REQUIRED)),
+            passes=(Pass(ARGS, spec=REQUIRED, description=('The engine.',)),
+                    Pass(GATE, spec=REQUIRED, description=(
+                        'The engine, which decides the health endpoints and the metric names.',)),
+                    Pass(PROBE, spec=REQUIRED)),
             description=('The inference engine.',)),
     Setting('engine_version',
             'str',
             default='',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=(
+                'The engine version whose flag data checks the command line; empty means O(host_engine_version). '
+                'A version without data fails with the versions known.',)),),
             description=('The engine version whose flags the command line is checked against. Empty means the version '
                  "installed on the host, asked of the Python the engine's executable names; a version without flag "
                  'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
@@ -137,14 +148,14 @@ SETTINGS = (
     Setting('model',
             'str',
             default='',
-            passes=(Pass(ARGS, spec=REQUIRED),),
+            passes=(Pass(ARGS, spec=REQUIRED, description=('The model, a Hugging Face repository or a local path.',)),),
             flags={'vllm': MODEL, 'sglang': MODEL},
             description=('The model, a Hugging Face repository or a local path. Required; it may not start with C(-), which '
                  'the engine would read as an option.',)),
     Setting('served_name',
             'str',
             default='',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('The name clients ask for; empty means O(model).',)),),
             flags={'vllm': 'served_model_name', 'sglang': 'served_model_name'},
             fallback='model',
             description=('The name clients ask for (C(--served-model-name)); empty means the model. One word of at most 256 '
@@ -155,13 +166,13 @@ SETTINGS = (
             'int',
             default=1,
             range=Range(minimum=1, maximum=1024, unit='GPUs', whole=True),
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('GPUs per replica, 1 to 1024.',)),),
             flags={'vllm': 'tensor_parallel_size', 'sglang': 'tp_size'},
             description=('GPUs per model replica (vLLM C(--tensor-parallel-size), SGLang C(--tp-size)).',)),
     Setting('host',
             'str',
             default='0.0.0.0',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('The address the server listens on.',)),),
             flags={'vllm': 'host', 'sglang': 'host'},
             description=('The address the server listens on. The readiness gate reaches V(0.0.0.0) through 127.0.0.1.',
                  'An IP address in one spelling (dotted decimal without leading zeros, or IPv6, not '
@@ -171,14 +182,16 @@ SETTINGS = (
             'int',
             default=8000,
             range=Range(minimum=1, maximum=65535, whole=True, kind='a TCP port'),
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('The API port, 1 to 65535.',)),),
             flags={'vllm': 'port', 'sglang': 'port'},
             description=("The API port, 1 to 65535. Never C(VLLM_PORT), which is vLLM's internal port.",)),
     Setting('gpu_memory_fraction',
             'float',
             default=0,
             range=Range(minimum=0, maximum=1, kind='a share', zero="the engine's default"),
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=(
+                "Fraction of each GPU's memory the engine may use, more than 0 and at most 1; 0 means the "
+                "engine's default.",)),),
             flags={'vllm': 'gpu_memory_utilization', 'sglang': 'mem_fraction_static'},
             omit_empty=True,
             description=("Fraction of each GPU's memory the engine may use (vLLM C(--gpu-memory-utilization), SGLang "
@@ -187,14 +200,15 @@ SETTINGS = (
             'int',
             default=0,
             range=Range(minimum=0, maximum=2147483647, unit='tokens', whole=True, zero="the model's own"),
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=("Longest context; 0 means the model's own.",)),),
             flags={'vllm': 'max_model_len', 'sglang': 'context_length'},
             omit_empty=True,
             description=("Longest context (vLLM C(--max-model-len), SGLang C(--context-length)); 0 means the model's own.",)),
     Setting('speculative',
             'dict',
             default={},
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=(
+                "Speculative decoding in the engine's own keys (see the role's C(inference_service_speculative)).",)),),
             description=("Speculative decoding, in the engine's own keys. vLLM - the keys of its SpeculativeConfig, passed as "
                  'the JSON of C(--speculative-config); C(method) is required (vLLM still renames a method other than '
                  "eagle, eagle3, dflash and dspark after the draft's repository name, and the result names the method "
@@ -209,14 +223,15 @@ SETTINGS = (
             'list',
             elements='str',
             default=[],
-            passes=(Pass(ARGS, spec={'elements': 'raw'}),),
+            passes=(Pass(ARGS, spec={'elements': 'raw'}, description=(
+                'More command-line items, each flag and each value its own item.',)),),
             description=('More command-line items, each flag and each value its own item, for example C([--max-num-seqs, '
                  '"256"]). Each is checked against the engine version\'s flags; flags the role sets and secret flags '
                  'are refused.',)),
     Setting('environment',
             'dict',
             default={},
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=("The server's environment (not secret).",)),),
             description=('Environment of the server, written into the unit file (readable by every user, so names that look '
                  'like secrets are refused). For example C(CUDA_VISIBLE_DEVICES) (then C(CUDA_DEVICE_ORDER) defaults '
                  'to C(PCI_BUS_ID)), C(NCCL_*), C(HF_HOME), C(HF_HUB_OFFLINE).',)),
@@ -224,11 +239,22 @@ SETTINGS = (
             'dict',
             default={},
             no_log=True,
-            passes=(Pass(ARGS),
-                    Pass(GATE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
-                    Pass(GATE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list),
-                    Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
-                    Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
+            passes=(
+                Pass(ARGS, description=(
+                    "The secrets (the role's C(inference_service_secrets) - C(api_key), C(hf_token), "
+                    'C(admin_api_key), C(environment)). Only which ones are set decides the secret files; the values '
+                    'are compared against the command line, the environment and the names, and masked in every '
+                    'message.',)),
+                Pass(GATE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of, description=(
+                    'The API key, sent as C(Authorization: Bearer <key>). Empty means none.',
+                    'Hidden, like O(secrets), in every form, in everything the module returns.',)),
+                Pass(GATE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list, version_added='0.2.0', description=(
+                    'More secrets (an admin key, a token in the environment) to hide, like O(api_key), in everything '
+                    'the module returns (messages, journal lines, quoted answers, RV(last_seen)).',
+                    'Each is hidden as it is and in the forms engines and tools print it, a Python repr (SGLang logs '
+                    'its arguments so), JSON, shell quoting and URL encoding, replaced by C(********).',)),
+                Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
+                Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
             suboptions={'api_key': {'type': 'str',
              'no_log': True,
              'description': ['The API key clients must send (vLLM reads it from C(VLLM_API_KEY); '
@@ -246,23 +272,28 @@ SETTINGS = (
     Setting('executable',
             'str',
             default='',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=(
+                "The engine's executable; empty means C(<venv>/bin/<engine>), or C(/usr/local/bin/<engine>).",)),),
             description=("Absolute path of the engine's executable. Empty means C(<venv>/bin/<engine>) with "
                  'O(inference_service_venv), else C(/usr/local/bin/<engine>). It must exist on the host.',)),
     Setting('venv',
             'str',
             default='',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('The virtual environment the engine is installed in.',)),),
             description=('The virtual environment the engine is installed in.',)),
     Setting('user',
             'str',
             default='',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('The user the server runs as; empty means root.',)),),
             description=('The existing system user the server runs as; empty means root.',)),
     Setting('unit',
             'str',
             default='inference-server.service',
-            passes=(Pass(ARGS, spec=REQUIRED), Pass(GATE, spec={'default': ''}), Pass(PROBE, spec={'default': ''})),
+            passes=(Pass(ARGS, spec=REQUIRED, description=('The systemd service unit, for example C(vllm.service).',)),
+                    Pass(GATE, spec={'default': ''}, description=(
+                        "The server's systemd unit, watched while waiting. Empty means none (a server started some other "
+                        'way).',)),
+                    Pass(PROBE, spec={'default': ''})),
             description=('The systemd service unit. C(reset_and_serve.yml) stops and resets it through node_reset.',
                  'At most 255 letters, digits and C(:_.-), ending in C(.service), without C(..) or a leading C(-); '
                  'checked before any task uses it.',
@@ -279,7 +310,7 @@ SETTINGS = (
     Setting('config_dir',
             'str',
             default='/etc/cleanslate/inference',
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=('Directory of the environment and secrets files.',)),),
             description=("Directory of the unit's environment file (C(<unit>.env)) and SGLang's secrets file "
                  '(C(<unit>.secrets.yaml)), both mode 0600.',
                  "Created (root's, mode 0755) when missing. An existing directory is left as it is and must be owned "
@@ -292,7 +323,9 @@ SETTINGS = (
             'int',
             default=30,
             range=Range(minimum=0, maximum=86400, unit='seconds', whole=True),
-            passes=(Pass(ARGS),),
+            passes=(Pass(ARGS, description=(
+                'Seconds the server drains in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)), 0 to '
+                '86400.',)),),
             # SIGTERM drains in-flight requests for this long (0 would abort them); SGLang has no such flag.
             flags={'vllm': 'shutdown_timeout'},
             description=('Seconds the server may drain in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)); '
@@ -316,13 +349,21 @@ SETTINGS = (
             'int',
             default=3600,
             range=Range(minimum=0, maximum=604800, unit='seconds', whole=True, note='a week'),
-            passes=(Pass(GATE, 'timeout'),),
+            passes=(Pass(GATE, 'timeout', description=(
+                'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
+                'module itself waits at most O(progress_interval) per call.',)),),
             description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',)),
     Setting('health_timeout',
             'float',
             default=0,
             range=Range(minimum=0, maximum=3600, unit='seconds', zero="the engine's own"),
-            passes=(Pass(GATE), Pass(PROBE)),
+            passes=(
+                Pass(GATE, version_added='0.2.0', description=(
+                    'Seconds one health request may take; a server that accepts the connection but answers later is '
+                    'RV(verdict) V(slow), not V(unhealthy).',
+                    "V(0) means the engine's own default (docs/inference_service.md's engine table; SGLang's "
+                    'C(/health) runs a one-token generation, up to 20 s under load).',)),
+                Pass(PROBE)),
             description=("Seconds one C(/health) request may take; 0 means the engine's own (docs/inference_service.md's "
                  "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
                  'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
@@ -331,7 +372,12 @@ SETTINGS = (
             'float',
             default=5,
             range=Range(minimum=0, maximum=3600, unit='seconds'),
-            passes=(Pass(GATE),),
+            passes=(Pass(GATE, version_added='0.2.0', description=(
+                'With O(unit), seconds after the server first answered at which the unit is read again, after the '
+                'smoke test; a unit that died, restarted or is not active then fails the gate.',
+                'A server this run did not start (O(started) false) that an earlier look saw answering '
+                '(O(healthy_seen)), in the invocation it still runs, has been answering since that look; the '
+                'window counts from it.',)),),
             description=('Seconds the server must stay up, in the same systemd invocation, after it first answers, before the '
                  'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
                  'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
@@ -342,44 +388,50 @@ SETTINGS = (
             'float',
             default=1,
             range=Range(above=0, maximum=3600, unit='seconds'),
-            passes=(Pass(GATE), Pass(PROBE)),
+            passes=(Pass(GATE, description=('Seconds between two health polls.',)),
+                    Pass(PROBE)),
             description=('Seconds between two readiness polls; readiness is seen within one poll interval.',)),
     Setting('progress_interval',
             'int',
             default=30,
             range=Range(minimum=1, maximum=86400, unit='seconds', whole=True),
-            passes=(Pass(GATE),),
+            passes=(Pass(GATE, description=(
+                'Longest time, in seconds, one module call waits before it returns to print progress.',)),),
             description=('Longest silence, in seconds, between two progress lines while the gate waits (elapsed time, unit '
                  'state, what the server last answered).',)),
     Setting('smoke_prompt',
             'str',
             default='The capital of France is',
-            passes=(Pass(GATE, 'prompt'),),
+            passes=(Pass(GATE, 'prompt', description=('The prompt of the smoke completions.',)),),
             description=('The prompt of the smoke completions.',)),
     Setting('smoke_max_tokens',
             'int',
             default=16,
             range=Range(minimum=1, maximum=1048576, unit='tokens', whole=True),
-            passes=(Pass(GATE, 'max_tokens', spec={'no_log': False}),),
+            passes=(Pass(GATE, 'max_tokens', spec={'no_log': False}, description=(
+                'Tokens each smoke completion generates.',)),),
             description=('Tokens each smoke completion generates.',)),
     Setting('smoke_completions',
             'int',
             default=3,
             range=Range(minimum=1, maximum=100, unit='completions', whole=True),
-            passes=(Pass(GATE, 'completions'),),
+            passes=(Pass(GATE, 'completions', description=(
+                "How many smoke completions to send; the first one's latency is reported.",)),),
             description=("Smoke completions after the server answers; the first one's latency is reported, and all of them "
                  'feed the acceptance rate.',)),
     Setting('min_acceptance_rate',
             'float',
             default=0.3,
             range=Range(minimum=0, maximum=1, kind='a share', note='0.3 is 30%'),
-            passes=(Pass(GATE, spec={'default': 0}),),
+            passes=(Pass(GATE, spec={'default': 0}, description=(
+                'With O(speculative), an acceptance rate below this makes RV(status) V(degraded) (a warning); 0 '
+                'means no floor.',)),),
             description=('With speculative decoding, an acceptance rate below this is reported V(degraded) (speculation that '
                  'rarely hits is slower than none); 0 means no floor.',)),
     Setting('fail_on_degraded',
             'bool',
             default=False,
-            passes=(Pass(GATE),),
+            passes=(Pass(GATE, description=('Fail when RV(status) is V(degraded).',)),),
             description=('Fail the host when it is degraded, instead of a warning.',)),
     Setting('fail_host',
             'bool',

@@ -1,8 +1,8 @@
 """A serve setting added is one entry of the table (plugins/module_utils/_settings.py), and a test:
-in a copy of the collection, one entry for vLLM's --max-num-seqs, then tools/gen_serve_settings.py
-and tools/gen_variables_table.py, and the role's validate entry point, run by ansible-playbook,
-puts the variable's value on the engine's command line. The copy differs from this checkout in
-that entry and in the generated files only."""
+in a copy of the collection, one entry for vLLM's --max-num-seqs, then tools/generate.py, and the
+role's validate entry point, run by ansible-playbook, puts the variable's value on the engine's
+command line. The copy differs from this checkout in that entry and in the generated files only,
+the documentation of the command builder's option (plugins/modules/inference_args.py) among them."""
 from __future__ import annotations
 
 import filecmp
@@ -12,18 +12,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from tools.checkout_copy import copy_checkout
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE = Path("plugins") / "module_utils" / "_settings.py"
 ENTRY = '''    Setting('max_num_seqs', 'int', default=0,
             range=Range(minimum=0, maximum=65536, unit='sequences', whole=True),
-            passes=(Pass(ARGS),), flags={'vllm': 'max_num_seqs'}, omit_empty=True,
+            passes=(Pass(ARGS, description=("Most sequences in one batch; 0 means the engine's own.",)),),
+            flags={'vllm': 'max_num_seqs'}, omit_empty=True,
             description=("Most sequences in one batch (vLLM C(--max-num-seqs)); 0 means the engine's own.",)),
 )
 BY_NAME = '''
+STUB = Path("plugins") / "modules" / "inference_args.py"
 GENERATED = {Path("roles/inference_service/defaults/main.yml"), Path("roles/inference_service/meta/argument_specs.yml"),
-             Path("README.md")}
+             Path("README.md"), Path("roles/inference_service/tasks/instances.yml"), STUB}
 PLAY = """
 - hosts: localhost
   connection: local
@@ -55,11 +59,16 @@ def test_one_table_entry_reaches_the_engines_command_line_through_the_role(tmp_p
     table = (copy / TABLE).read_text(encoding="utf-8")
     assert table.count(")\nBY_NAME = ") == 1
     (copy / TABLE).write_text(table.replace(")\nBY_NAME = ", ENTRY), encoding="utf-8")
-    for tool in ("gen_serve_settings.py", "gen_variables_table.py"):
-        subprocess.run([sys.executable, str(copy / "tools" / tool)], cwd=copy, check=True, capture_output=True)
-    assert subprocess.run([sys.executable, str(copy / "tools" / "gen_serve_settings.py"), "--check"], cwd=copy,
+    made = subprocess.run([sys.executable, str(copy / "tools" / "generate.py")], cwd=copy, capture_output=True, text=True,
+                          check=False)
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert subprocess.run([sys.executable, str(copy / "tools" / "generate.py"), "--check"], cwd=copy,
                           capture_output=True, check=False).returncode == 0
     assert differing(REPO, copy) == {TABLE} | GENERATED
+    stub = (copy / STUB).read_text(encoding="utf-8")
+    options = yaml.safe_load(stub.split('DOCUMENTATION = r"""', 1)[1].split('"""', 1)[0])["options"]
+    assert options["max_num_seqs"] == {"description": ["Most sequences in one batch; 0 means the engine's own."],
+                                       "type": "int", "default": 0}
 
     (tmp_path / "play.yml").write_text(PLAY, encoding="utf-8")
     argv_file = tmp_path / "argv.json"

@@ -52,16 +52,16 @@ def test_the_roles_engine_choices_are_the_registrys():
 
 def test_a_stale_choice_list_or_table_is_named_then_rewritten(tmp_path, capsys):
     root = copy_checkout(REPO, tmp_path / "root")
-    stub = root / "plugins" / "modules" / "inference_args.py"
+    stub = root / "plugins" / "modules" / "inference_host.py"
     stub.write_text(stub.read_text(encoding="utf-8").replace(
         "    choices: [%s]" % ", ".join(ENGINES), "    choices: [vllm]"), encoding="utf-8")
     doc = root / gen_engine_docs.DOC
     doc.write_text(doc.read_text(encoding="utf-8").replace("| 30 s |", "| 20 s |"), encoding="utf-8")
     assert gen_engine_docs.main(["--check", "--root", str(root)]) == 1
     said = capsys.readouterr().out
-    assert "inference_args.py" in said and "inference_service.md" in said and "inference_ready.py" not in said
+    assert "inference_host.py" in said and "inference_service.md" in said and "inference_args.py" not in said
     assert gen_engine_docs.main(["--root", str(root)]) == 0
-    assert stub.read_text(encoding="utf-8") == (REPO / "plugins" / "modules" / "inference_args.py").read_text(encoding="utf-8")
+    assert stub.read_text(encoding="utf-8") == (REPO / "plugins" / "modules" / "inference_host.py").read_text(encoding="utf-8")
     assert gen_engine_docs.main(["--check", "--root", str(root)]) == 0
 
 

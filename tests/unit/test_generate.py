@@ -68,13 +68,13 @@ def test_a_description_written_outside_the_markers_survives_every_generator(root
     edit(root / SPEC, "          - Seconds between SIGTERM and SIGKILL.\n",
          "          - Seconds between SIGTERM and SIGKILL, by hand.\n")
     edit(root / DEFAULTS, "node_reset_pip_extra_args: \"\"\n", "node_reset_pip_extra_args: \"--no-index\"\n")
-    edit(root / "plugins" / "modules" / "inference_args.py", "    description: The engine.\n",
-         "    description: The engine, by hand.\n")
+    edit(root / "plugins" / "modules" / "inference_host.py", "    description: The engine whose installed version to read;",
+         "    description: The engine, by hand, whose installed version to read;")
     before = {path: (root / path).read_text(encoding="utf-8") for path in (SPEC, DEFAULTS)}
     assert generate.main(["--root", str(root)]) == 0
     for path, text in before.items():
         assert (root / path).read_text(encoding="utf-8") == text, path
-    assert "description: The engine, by hand.\n" in (root / "plugins" / "modules" / "inference_args.py").read_text()
+    assert "description: The engine, by hand, whose" in (root / "plugins" / "modules" / "inference_host.py").read_text()
     assert "SIGKILL, by hand. The range is" in (root / README).read_text(encoding="utf-8")  # the table follows
 
 
@@ -82,10 +82,10 @@ def test_a_generator_that_writes_outside_its_markers_is_refused(root, monkeypatc
     real = gen_engine_docs.generated
 
     def rewriting(at):  # the regex rewrite of a hand-written line the convention ends
-        return {path: text.replace("    description: The engine.\n", "    description: Engine.\n")
+        return {path: text.replace("    description: The engine whose", "    description: Engine whose")
                 for path, text in real(at).items()}
     monkeypatch.setattr(gen_engine_docs, "generated", rewriting)
-    with pytest.raises(SystemExit, match="tools/gen_engine_docs.py changed plugins/modules/inference_args.py "
+    with pytest.raises(SystemExit, match="tools/gen_engine_docs.py changed plugins/modules/inference_host.py "
                                          "outside its marked blocks"):
         generate.run(root)
 
