@@ -137,21 +137,21 @@ SETTINGS = (
                 'The engine version whose flag data checks the command line; empty means O(host_engine_version). '
                 'A version without data fails with the versions known.',)),),
             description=('The engine version whose flags the command line is checked against. Empty means the version '
-                 "installed on the host, asked of the Python the engine's executable names; a version without flag "
-                 'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
-                 'version, fails with the versions known. The newest data is never used in its place.',)),
+                         "installed on the host, asked of the Python the engine's executable names; a version without flag "
+                         'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
+                         'version, fails with the versions known. The newest data is never used in its place.',)),
     Setting('flag_data_dir',
             'str',
             default='',
             description=('A directory on the controller with more flag data files made by C(tools/gen_flag_data.py), for an '
-                 "engine version the role does not ship. Its files win over the role's.",)),
+                         "engine version the role does not ship. Its files win over the role's.",)),
     Setting('model',
             'str',
             default='',
             passes=(Pass(ARGS, spec=REQUIRED, description=('The model, a Hugging Face repository or a local path.',)),),
             flags={'vllm': MODEL, 'sglang': MODEL},
             description=('The model, a Hugging Face repository or a local path. Required; it may not start with C(-), which '
-                 'the engine would read as an option.',)),
+                         'the engine would read as an option.',)),
     Setting('served_name',
             'str',
             default='',
@@ -159,9 +159,9 @@ SETTINGS = (
             flags={'vllm': 'served_model_name', 'sglang': 'served_model_name'},
             fallback='model',
             description=('The name clients ask for (C(--served-model-name)); empty means the model. One word of at most 256 '
-                 'printable characters, without spaces (Unicode ones too), quotes, backslashes or braces, not starting '
-                 'with C(-) (V(org/model) and V(llama-3.1:8b@q4) are fine), since every request and every C(/metrics) '
-                 'line carries it.',)),
+                         'printable characters, without spaces (Unicode ones too), quotes, backslashes or braces, not starting '
+                         'with C(-) (V(org/model) and V(llama-3.1:8b@q4) are fine), since every request and every C(/metrics) '
+                         'line carries it.',)),
     Setting('tensor_parallel_size',
             'int',
             default=1,
@@ -175,9 +175,9 @@ SETTINGS = (
             passes=(Pass(ARGS, description=('The address the server listens on.',)),),
             flags={'vllm': 'host', 'sglang': 'host'},
             description=('The address the server listens on. The readiness gate reaches V(0.0.0.0) through 127.0.0.1.',
-                 'An IP address in one spelling (dotted decimal without leading zeros, or IPv6, not '
-                 'V(::ffff:127.0.0.1)), or a DNS host name whose last label is no number (V(0x7f000001) and V(127.1) '
-                 'are refused).',)),
+                         'An IP address in one spelling (dotted decimal without leading zeros, or IPv6, not '
+                         'V(::ffff:127.0.0.1)), or a DNS host name whose last label is no number (V(0x7f000001) and V(127.1) '
+                         'are refused).',)),
     Setting('port',
             'int',
             default=8000,
@@ -195,7 +195,7 @@ SETTINGS = (
             flags={'vllm': 'gpu_memory_utilization', 'sglang': 'mem_fraction_static'},
             omit_empty=True,
             description=("Fraction of each GPU's memory the engine may use (vLLM C(--gpu-memory-utilization), SGLang "
-                 "C(--mem-fraction-static)); 0 means the engine's default.",)),
+                         "C(--mem-fraction-static)); 0 means the engine's default.",)),
     Setting('max_model_len',
             'int',
             default=0,
@@ -210,15 +210,15 @@ SETTINGS = (
             passes=(Pass(ARGS, description=(
                 "Speculative decoding in the engine's own keys (see the role's C(inference_service_speculative)).",)),),
             description=("Speculative decoding, in the engine's own keys. vLLM - the keys of its SpeculativeConfig, passed as "
-                 'the JSON of C(--speculative-config); C(method) is required (vLLM still renames a method other than '
-                 "eagle, eagle3, dflash and dspark after the draft's repository name, and the result names the method "
-                 'it runs), C(tensor_parallel_size) is refused (the key is C(draft_tensor_parallel_size)), '
-                 'C(num_speculative_tokens_per_batch_size) takes C([[1, highest batch size, tokens], ...]) (vLLM issue '
-                 '49548 reports it can collapse throughput under concurrency).',
-                 'SGLang - its C(speculative_*) server arguments, for example C(speculative_algorithm) (required), '
-                 'C(speculative_draft_model_path), C(speculative_num_steps), C(speculative_eagle_topk), '
-                 'C(speculative_num_draft_tokens) (all three of these or none), C(speculative_adaptive).',
-                 'Empty means no speculative decoding.',)),
+                         'the JSON of C(--speculative-config); C(method) is required (vLLM still renames a method other than '
+                         "eagle, eagle3, dflash and dspark after the draft's repository name, and the result names the method "
+                         'it runs), C(tensor_parallel_size) is refused (the key is C(draft_tensor_parallel_size)), '
+                         'C(num_speculative_tokens_per_batch_size) takes C([[1, highest batch size, tokens], ...]) (vLLM issue '
+                         '49548 reports it can collapse throughput under concurrency).',
+                         'SGLang - its C(speculative_*) server arguments, for example C(speculative_algorithm) (required), '
+                         'C(speculative_draft_model_path), C(speculative_num_steps), C(speculative_eagle_topk), '
+                         'C(speculative_num_draft_tokens) (all three of these or none), C(speculative_adaptive).',
+                         'Empty means no speculative decoding.',)),
     Setting('extra_args',
             'list',
             elements='str',
@@ -226,15 +226,15 @@ SETTINGS = (
             passes=(Pass(ARGS, spec={'elements': 'raw'}, description=(
                 'More command-line items, each flag and each value its own item.',)),),
             description=('More command-line items, each flag and each value its own item, for example C([--max-num-seqs, '
-                 '"256"]). Each is checked against the engine version\'s flags; flags the role sets and secret flags '
-                 'are refused.',)),
+                         '"256"]). Each is checked against the engine version\'s flags; flags the role sets and secret flags '
+                         'are refused.',)),
     Setting('environment',
             'dict',
             default={},
             passes=(Pass(ARGS, description=("The server's environment (not secret).",)),),
             description=('Environment of the server, written into the unit file (readable by every user, so names that look '
-                 'like secrets are refused). For example C(CUDA_VISIBLE_DEVICES) (then C(CUDA_DEVICE_ORDER) defaults '
-                 'to C(PCI_BUS_ID)), C(NCCL_*), C(HF_HOME), C(HF_HUB_OFFLINE).',)),
+                         'like secrets are refused). For example C(CUDA_VISIBLE_DEVICES) (then C(CUDA_DEVICE_ORDER) defaults '
+                         'to C(PCI_BUS_ID)), C(NCCL_*), C(HF_HOME), C(HF_HUB_OFFLINE).',)),
     Setting('secrets',
             'dict',
             default={},
@@ -256,26 +256,26 @@ SETTINGS = (
                 Pass(PROBE, 'api_key', spec=API_KEY_SPEC, convert=api_key_of),
                 Pass(PROBE, 'secrets', spec=SECRET_LIST_SPEC, convert=secret_list)),
             suboptions={'api_key': {'type': 'str',
-             'no_log': True,
-             'description': ['The API key clients must send (vLLM reads it from C(VLLM_API_KEY); '
-                             'SGLang from a C(--config) YAML file). The readiness gate sends it.']},
- 'hf_token': {'type': 'str',
-              'no_log': True,
-              'description': ['A Hugging Face token, as C(HF_TOKEN).']},
- 'admin_api_key': {'type': 'str', 'no_log': True, 'description': ["SGLang's admin API key."]},
- 'environment': {'type': 'dict',
-                 'no_log': True,
-                 'description': ["More secret environment variables, for the unit's 0600 "
-                                 'EnvironmentFile.']}},
+                                    'no_log': True,
+                                    'description': ['The API key clients must send (vLLM reads it from C(VLLM_API_KEY); '
+                                                    'SGLang from a C(--config) YAML file). The readiness gate sends it.']},
+                        'hf_token': {'type': 'str',
+                                     'no_log': True,
+                                     'description': ['A Hugging Face token, as C(HF_TOKEN).']},
+                        'admin_api_key': {'type': 'str', 'no_log': True, 'description': ["SGLang's admin API key."]},
+                        'environment': {'type': 'dict',
+                                        'no_log': True,
+                                        'description': ["More secret environment variables, for the unit's 0600 "
+                                                        'EnvironmentFile.']}},
             description=('Secrets, written only to files of mode 0600, never to the command line or the unit file, and never '
-                 'shown.',)),
+                         'shown.',)),
     Setting('executable',
             'str',
             default='',
             passes=(Pass(ARGS, description=(
                 "The engine's executable; empty means C(<venv>/bin/<engine>), or C(/usr/local/bin/<engine>).",)),),
             description=("Absolute path of the engine's executable. Empty means C(<venv>/bin/<engine>) with "
-                 'O(inference_service_venv), else C(/usr/local/bin/<engine>). It must exist on the host.',)),
+                         'O(inference_service_venv), else C(/usr/local/bin/<engine>). It must exist on the host.',)),
     Setting('venv',
             'str',
             default='',
@@ -295,26 +295,26 @@ SETTINGS = (
                         'way).',)),
                     Pass(PROBE, spec={'default': ''})),
             description=('The systemd service unit. C(reset_and_serve.yml) stops and resets it through node_reset.',
-                 'At most 255 letters, digits and C(:_.-), ending in C(.service), without C(..) or a leading C(-); '
-                 'checked before any task uses it.',
-                 'The role writes, stops and restarts only a unit whose file in C(/etc/systemd/system) it wrote itself '
-                 "(its first line is the role's marker), or a new one. A hand-written unit file is refused unless "
-                 "C(inference_service_adopt_unit); a unit with a file outside C(/etc/systemd/system) (a package's) and "
-                 "the host's own services (C(ssh), C(dbus), C(systemd-*), the NVIDIA daemons, ...) are always refused.",)),
+                         'At most 255 letters, digits and C(:_.-), ending in C(.service), without C(..) or a leading C(-); '
+                         'checked before any task uses it.',
+                         'The role writes, stops and restarts only a unit whose file in C(/etc/systemd/system) it wrote itself '
+                         "(its first line is the role's marker), or a new one. A hand-written unit file is refused unless "
+                         "C(inference_service_adopt_unit); a unit with a file outside C(/etc/systemd/system) (a package's) and "
+                         "the host's own services (C(ssh), C(dbus), C(systemd-*), the NVIDIA daemons, ...) are always refused.",)),
     Setting('adopt_unit',
             'bool',
             default=False,
             description=('Let the role take over a hand-written C(/etc/systemd/system/<inference_service_unit>) that it did '
-                 'not write. The old file is kept beside it as C(<unit>.<pid>.<date>~), and C(--diff) shows the '
-                 'change.',)),
+                         'not write. The old file is kept beside it as C(<unit>.<pid>.<date>~), and C(--diff) shows the '
+                         'change.',)),
     Setting('config_dir',
             'str',
             default='/etc/cleanslate/inference',
             passes=(Pass(ARGS, description=('Directory of the environment and secrets files.',)),),
             description=("Directory of the unit's environment file (C(<unit>.env)) and SGLang's secrets file "
-                 '(C(<unit>.secrets.yaml)), both mode 0600.',
-                 "Created (root's, mode 0755) when missing. An existing directory is left as it is and must be owned "
-                 'by root and writable by root alone (not C(/tmp)), or the configuration is refused.',)),
+                         '(C(<unit>.secrets.yaml)), both mode 0600.',
+                         "Created (root's, mode 0755) when missing. An existing directory is left as it is and must be owned "
+                         'by root and writable by root alone (not C(/tmp)), or the configuration is refused.',)),
     Setting('enabled',
             'bool',
             default=True,
@@ -329,7 +329,7 @@ SETTINGS = (
             # SIGTERM drains in-flight requests for this long (0 would abort them); SGLang has no such flag.
             flags={'vllm': 'shutdown_timeout'},
             description=('Seconds the server may drain in-flight requests after SIGTERM (vLLM C(--shutdown-timeout)); '
-                 "systemd's TimeoutStopSec is 30 seconds more, then the unit's processes are killed.",)),
+                         "systemd's TimeoutStopSec is 30 seconds more, then the unit's processes are killed.",)),
     Setting('restart_sec',
             'int',
             default=10,
@@ -365,9 +365,9 @@ SETTINGS = (
                     'C(/health) runs a one-token generation, up to 20 s under load).',)),
                 Pass(PROBE)),
             description=("Seconds one C(/health) request may take; 0 means the engine's own (docs/inference_service.md's "
-                 "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
-                 'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
-                 'C(reset_and_serve.yml) never resets it (unless C(fleet_force_reset)), and the report says slow.',)),
+                         "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
+                         'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
+                         'C(reset_and_serve.yml) never resets it (unless C(fleet_force_reset)), and the report says slow.',)),
     Setting('stable_s',
             'float',
             default=5,
@@ -379,11 +379,11 @@ SETTINGS = (
                 '(O(healthy_seen)), in the invocation it still runs, has been answering since that look; the '
                 'window counts from it.',)),),
             description=('Seconds the server must stay up, in the same systemd invocation, after it first answers, before the '
-                 'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
-                 'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
-                 'invocation.',
-                 'A server C(reset_and_serve.yml) leaves running has been answering since its assessment saw it '
-                 "answer, in the same invocation; its window counts from that look (the gate's C(stable_since)).",)),
+                         'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
+                         'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
+                         'invocation.',
+                         'A server C(reset_and_serve.yml) leaves running has been answering since its assessment saw it '
+                         "answer, in the same invocation; its window counts from that look (the gate's C(stable_since)).",)),
     Setting('poll_interval',
             'float',
             default=1,
@@ -398,7 +398,7 @@ SETTINGS = (
             passes=(Pass(GATE, description=(
                 'Longest time, in seconds, one module call waits before it returns to print progress.',)),),
             description=('Longest silence, in seconds, between two progress lines while the gate waits (elapsed time, unit '
-                 'state, what the server last answered).',)),
+                         'state, what the server last answered).',)),
     Setting('smoke_prompt',
             'str',
             default='The capital of France is',
@@ -418,7 +418,7 @@ SETTINGS = (
             passes=(Pass(GATE, 'completions', description=(
                 "How many smoke completions to send; the first one's latency is reported.",)),),
             description=("Smoke completions after the server answers; the first one's latency is reported, and all of them "
-                 'feed the acceptance rate.',)),
+                         'feed the acceptance rate.',)),
     Setting('min_acceptance_rate',
             'float',
             default=0.3,
@@ -427,7 +427,7 @@ SETTINGS = (
                 'With O(speculative), an acceptance rate below this makes RV(status) V(degraded) (a warning); 0 '
                 'means no floor.',)),),
             description=('With speculative decoding, an acceptance rate below this is reported V(degraded) (speculation that '
-                 'rarely hits is slower than none); 0 means no floor.',)),
+                         'rarely hits is slower than none); 0 means no floor.',)),
     Setting('fail_on_degraded',
             'bool',
             default=False,
@@ -437,32 +437,32 @@ SETTINGS = (
             'bool',
             default=True,
             description=('Whether a failure (invalid configuration, a server that does not get ready) fails the host. With '
-                 'V(false) the failure is only recorded in C(inference_service_result) (C(ok) false) and the caller '
-                 'fails the host; C(reset_and_serve.yml) does so after the fleet report, so the report is written even '
-                 'when every host fails.',)),
+                         'V(false) the failure is only recorded in C(inference_service_result) (C(ok) false) and the caller '
+                         'fails the host; C(reset_and_serve.yml) does so after the fleet report, so the report is written even '
+                         'when every host fails.',)),
     Setting('instances',
             'list',
             elements='dict',
             default=[],
             description=('Several servers on one host (docs/inference_service.md, "Several servers on one node"). Each item '
-                 "overrides the role's variables for one server, by their names without the C(inference_service_) "
-                 'prefix (C(unit), C(port), C(served_name), C(engine), C(model), C(speculative), C(environment), '
-                 'C(secrets), ...); every instance starts from the single-service variables. V([]) is one instance of '
-                 'the single-service variables (every GPU of the host).',
-                 'With two or more, each sets C(CUDA_VISIBLE_DEVICES) in its C(environment) (GPU indices, read in PCI '
-                 'order, or C(GPU-) UUIDs); two instances may not share a GPU, a port or a unit. '
-                 'C(reset_and_serve.yml) resets and restarts only the unhealthy instances, on their GPUs alone.',)),
+                         "overrides the role's variables for one server, by their names without the C(inference_service_) "
+                         'prefix (C(unit), C(port), C(served_name), C(engine), C(model), C(speculative), C(environment), '
+                         'C(secrets), ...); every instance starts from the single-service variables. V([]) is one instance of '
+                         'the single-service variables (every GPU of the host).',
+                         'With two or more, each sets C(CUDA_VISIBLE_DEVICES) in its C(environment) (GPU indices, read in PCI '
+                         'order, or C(GPU-) UUIDs); two instances may not share a GPU, a port or a unit. '
+                         'C(reset_and_serve.yml) resets and restarts only the unhealthy instances, on their GPUs alone.',)),
     Setting('metrics',
             'bool',
             default=True,
             description=("Write the run's metrics for node_exporter's textfile collector into O(inference_service_metrics_dir) "
-                 '(C(cleanslate_gpu_inference_service_<unit>.prom); docs/observability.md). A host without that '
-                 'directory gets no file. V(false) writes none.',)),
+                         '(C(cleanslate_gpu_inference_service_<unit>.prom); docs/observability.md). A host without that '
+                         'directory gets no file. V(false) writes none.',)),
     Setting('metrics_dir',
             'str',
             default='/var/lib/prometheus/node-exporter',
             description=("The textfile collector's directory (C(--collector.textfile.directory); Debian's default), an "
-                 'absolute path.',)),
+                         'absolute path.',)),
 )
 BY_NAME = {setting.name: setting for setting in SETTINGS}
 

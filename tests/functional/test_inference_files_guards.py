@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from tests.functional.test_inference_files import MARKER, SECRET, UNIT_TEXT, dirs, files, listing  # noqa: F401 (fixture)
+from tests.functional.test_inference_files import MARKER, SECRET, UNIT_TEXT, dirs, files, listing  # noqa: F401  # pylint: disable=unused-import
 from tests.run_module import run_module
 
 # A group the files are not asked for: any number works, a group need not exist to own a file.

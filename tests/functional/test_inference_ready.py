@@ -116,8 +116,7 @@ def test_bad_parameters_fail_before_any_request(params, message):
 
 
 # The module's numbers that are role settings take their ranges from the table; the others are its own.
-UPPER = [(option, rule) for option, rule in dict(_settings.option_ranges(_settings.GATE, _settings.PROBE),
-                                                 **OWN_RANGES).items()]
+UPPER = list(dict(_settings.option_ranges(_settings.GATE, _settings.PROBE), **OWN_RANGES).items())
 
 
 @pytest.mark.parametrize("option, rule", UPPER, ids=[option for option, dummy in UPPER])

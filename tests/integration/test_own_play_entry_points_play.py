@@ -24,7 +24,8 @@ LOOK = "Look at the engine's version, the executable, the user, the secrets' dir
 SYSTEMCTL = r'''#!/bin/sh
 case " $* " in
   *" --value "*) printf 'not-found\ninactive\n' ;;
-  *" show "*) printf 'LoadState=not-found\nActiveState=inactive\nSubState=dead\nResult=success\nMainPID=0\nNRestarts=0\nInvocationID=\nExecMainStatus=0\nExecMainStartTimestampMonotonic=0\nControlGroup=\n' ;;
+  *" show "*) printf 'LoadState=not-found\nActiveState=inactive\nSubState=dead\nResult=success\nMainPID=0\n'
+             printf 'NRestarts=0\nInvocationID=\nExecMainStatus=0\nExecMainStartTimestampMonotonic=0\nControlGroup=\n' ;;
 esac
 '''
 INSTANCES = [

@@ -10,7 +10,6 @@ from ansible_collections.cleanslate.gpu.plugins.action.inference_args import Act
 from tests.unit.test_inference_args import FLAGS, settings
 
 
-
 class _Display:
     def __init__(self):
         self.warnings = []

@@ -56,8 +56,8 @@ def layer_violations(root: Path = PLUGINS) -> list:
         if allowed is None:
             bad.append("%s: a layer this test does not know (%s); add it to MAY_IMPORT" % (path.relative_to(root.parent), layer))
             continue
-        bad += ["%s:%d imports %s (%s may import %s only)" % (path.relative_to(root.parent), line, name, layer,
-                                                             ", ".join(sorted(allowed)) or "nothing of the collection")
+        bad += ["%s:%d imports %s (%s may import %s only)"
+                % (path.relative_to(root.parent), line, name, layer, ", ".join(sorted(allowed)) or "nothing of the collection")
                 for line, imported, name in imported_layers(path, root) if imported not in allowed]
     return bad
 

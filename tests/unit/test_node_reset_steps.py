@@ -179,7 +179,6 @@ def test_a_step_that_lists_what_it_acts_on_must_say_it_in_words():
         steps.Step("gpu_fence", ("gpus",), "fence the GPUs", found="fenced")
 
 
-
 def test_the_spared_units_and_gpus_reach_gpu_reset_and_the_units_the_proxmox_sweep():
     """A container's sweep runs on its node, where the container's GPU indices mean nothing but its
     units' names still end its processes' cgroup paths: spare_units goes along, spare_gpus not."""
