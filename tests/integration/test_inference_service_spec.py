@@ -34,8 +34,8 @@ def test_the_issue_names_are_the_interface():
 
 
 def test_every_entry_point_takes_the_same_variables():
-    assert sorted(SPECS) == ["assess", "main", "validate"]
-    for entry in ("validate", "assess"):
+    assert sorted(SPECS) == ["assess", "main", "serve", "validate"]
+    for entry in ("validate", "assess", "serve"):
         assert SPECS[entry]["options"] == SPECS["main"]["options"]
         assert (ROLE / "tasks" / f"{entry}.yml").exists()
 
