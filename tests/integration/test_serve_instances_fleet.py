@@ -6,6 +6,7 @@ report's rows. The four-instance fleet test with a client loop is tests/integrat
 (issue 26's fleet part); this one proves the serve layer's own promises on the smallest host."""
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -152,8 +153,10 @@ def test_a_second_run_changes_nothing(host):
     assert "changed=0" in proc.stdout.split("PLAY RECAP", 1)[1], proc.stdout[-3000:]
     assert {key: host.main_pid(unit) for key, unit in UNITS.items()} == pids
     assert report["hosts"][0]["killed"] == 0
-    # Each instance's settings are checked once (the validation play), not again by its later steps.
-    assert proc.stdout.count("Build the server's command line and check it against the engine version's flags") == 2
+    # Each instance's settings are checked once (the validation play), not again by its later steps;
+    # the one-server check that validate.yml skips for a host of several servers is listed, not run.
+    assert re.findall(r"Build the server's command line and check it against the engine version's flags\] \**\n(\w+):",
+                      proc.stdout).count("ok") == 2, proc.stdout[-6000:]
 
 
 def test_instances_sharing_a_gpu_are_refused_by_name_and_nothing_is_touched(host):
