@@ -1,7 +1,8 @@
 """Every secret of the inference_service role is a canary, and none is found where others read it
 (issue 35, point 3): on a vLLM host (node1) and an SGLang host (node2) of the session's fleet, one
-real run of reset_and_serve.yml that writes every secret file and starts both servers with their
-keys, then one `--check --diff -vvv` run in which every secret would change. Then, for each canary:
+real run of reset_and_serve.yml at -vvv that writes every secret file and starts both servers with
+their keys (the gate, which gets the keys, runs only there), then one `--check --diff -vvv` run in
+which every secret would change. Then, for each canary:
 the host's whole journal (`journalctl -o cat` and `-o json`, whose escaping differs), the playbook's
 output, the reports (JSON and Markdown), the metrics files, the unit file and every /proc/*/cmdline.
 
@@ -89,7 +90,7 @@ def runs(fleet_session, tmp_path_factory):
         markdown = "".join(path.read_text() for path in (workdir / "reports").glob("*.md"))
         return proc, report, markdown
     try:
-        real = run(first, False, "-v")
+        real = run(first, False, "-vvv")
         checked = run(second, True, "-vvv")
         yield real, checked, {name: {"run " + where: value for where, value in values(first[name]).items()}
                               | {"check " + where: value for where, value in values(second[name]).items()}
