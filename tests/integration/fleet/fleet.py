@@ -63,8 +63,12 @@ def missing_tools():
 
 
 class Fleet:
-    def __init__(self, workdir, hosts=3, copy_in=None, build_dir=BUILD_DIR, boot_timeout=90, slot=None, gpus=GPUS):
+    def __init__(self, workdir, hosts=3, copy_in=None, build_dir=BUILD_DIR, boot_timeout=90, slot=None, gpus=GPUS,
+                 binds=()):
         self.workdir = Path(workdir).resolve()
+        # Directories of this machine every host sees read-only at the same path (the real vLLM's
+        # venv and the tiny model: 3.5 GB that no host copies).
+        self.binds = tuple(Path(path).resolve() for path in binds)
         self.count = hosts
         self.gpus = gpus  # each host's simulated GPUs (/dev/nvidia0..)
         self.copy_in = dict(copy_in or {})
@@ -90,7 +94,7 @@ class Fleet:
             name = f"node{index}"
             self.hosts[name] = Host(name, index, vmid, self.bridge.address(index), self.bridge.prefixlen,
                                     self.bridge.gateway, self.workdir, Cgroup(f"{self.cgroup_top}/lxc/{vmid}"),
-                                    machine=f"f{slot}-{name}", gpus=self.gpus)
+                                    machine=f"f{slot}-{name}", gpus=self.gpus, binds=self.binds)
 
     # --- lifecycle ---------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class HostError(RuntimeError):
 
 class Host:
     def __init__(self, name, index, vmid, address, prefixlen, gateway, workdir: Path, cgroup: Cgroup,
-                 machine=None, gpus=GPUS):
+                 machine=None, gpus=GPUS, binds=()):
         self.name = name
         # nspawn's name for it, unique on this machine: the outer veth end is vb-<machine>.
         self.machine = machine or name
@@ -59,6 +59,7 @@ class Host:
         # Bound at the same path inside: a file made there by the host has the same name on
         # this machine, as a Proxmox node's /dev/nvidia* are the container's (host-side sweep).
         self.shared = self.dir / "shared"
+        self.binds = tuple(binds)
         self._proc = None
         self._watcher = None
         self._stopping = False
@@ -127,6 +128,7 @@ class Host:
                 "--console=read-only"]
         argv += [f"--bind={self.dir / 'dev' / name}:/dev/{name}" for name in self.device_names]
         argv.append(f"--bind={self.shared}")
+        argv += [f"--bind-ro={path}" for path in self.binds]
         return argv
 
     def _launch(self, bridge: str):

