@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +27,8 @@ import yaml
 
 from tests.integration.conftest import HOST_NVML_LIB, TINY_MODELS, VLLM_VENV
 from tests.integration.fleet import engines
-from tests.integration.fleet.reports import play, rows_by_host
+from tests.integration.fleet.fleet import REPO
+from tests.integration.fleet.reports import clear_reports, newest_report, play, playbook_command, rows_by_host
 
 HOST = "node1"
 UNIT = "inference-server.service"
@@ -112,12 +113,15 @@ class RealServer:
         return int(self.show("MainPID")["MainPID"])
 
     def unit_pids(self) -> dict:
-        """{pid: comm} of every process in the unit's cgroup."""
+        """{pid: the first word of its command line} of every process in the unit's cgroup (vLLM
+        names its processes by setproctitle: VLLM::EngineCore is longer than a comm)."""
         cgroup = self.show("ControlGroup")["ControlGroup"]
         if not cgroup:
             return {}
-        out = self.run("sh", "-c", f"for p in $(cat /sys/fs/cgroup{cgroup}/cgroup.procs 2>/dev/null); do "
-                                   "printf '%s %s\\n' $p \"$(cat /proc/$p/comm 2>/dev/null)\"; done").stdout
+        script = ("import sys\nfor pid in open(sys.argv[1]).read().split():\n"
+                  "    try:\n        print(pid, open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\\0')[0].decode())\n"
+                  "    except OSError:\n        pass\n")
+        out = self.run("python3", "-c", script, f"/sys/fs/cgroup{cgroup}/cgroup.procs").stdout
         return {int(line.split(" ", 1)[0]): line.split(" ", 1)[1] for line in out.splitlines() if " " in line}
 
     def pid_of(self, comm: str) -> int:
@@ -256,3 +260,83 @@ def test_kill_9_of_the_api_server_is_reset_and_served(real):
 def test_kill_9_of_the_engine_core_alone_is_reset_and_served(real):
     """One start. The API server notices its engine died and exits: the unit fails."""
     _dead_then_served(real, lambda: real.run("kill", "-9", str(real.pid_of("VLLM::EngineCore"))))
+
+
+def test_a_hung_engine_core_is_told_apart_then_reset_and_served(real):
+    """One start. SIGSTOP of the EngineCore: /health stays 200 while no completion returns. The
+    assessment calls it hung (not slow, not healthy), the reset stops the unit, whose cgroup
+    SIGKILL ends the stopped processes, and the server comes back."""
+    old_pid = real.main_pid()
+    core = real.pid_of("VLLM::EngineCore")
+    real.run("kill", "-STOP", str(core))
+    assert real.get("/health")[0] == 200
+    with pytest.raises(OSError):  # a timeout: the engine generates nothing
+        real.complete(timeout=5)
+    proc, report, row = real.play()
+    real.assert_ready(proc, row, old_pid)
+    assert "hung" in (row.get("note", "") + json.dumps(row["service"]) + proc.stdout), proc.stdout[-4000:]
+    assert real.run("test", "-e", f"/proc/{core}", check=False).returncode != 0
+
+
+def test_a_restart_still_loading_is_left_to_load_and_the_gate_waits_for_it(real):
+    """One start, by systemd. The unit restarted by hand and frozen while it loads (a load slower
+    than the playbook's way to its assessment): the assessment sees a main process that lives in
+    an invocation started moments ago and a port that refuses, calls it loading, and nothing is
+    reset; the unit is thawed once the assessment is made, and the gate waits for that load."""
+    real.run("systemctl", "restart", UNIT)
+    real.run("systemctl", "freeze", UNIT)
+    pid = real.main_pid()
+    real.host_vars.mkdir(exist_ok=True)
+    (real.host_vars / f"{HOST}.yml").write_text(yaml.safe_dump(real.vars))
+    reports = real.workdir / "reports"
+    clear_reports(reports)
+    proc = subprocess.Popen(playbook_command(real.fleet, reports, HOST), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out, thawed = [], False
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            # The first task after the assessment: it has been made.
+            if not thawed and line.startswith("TASK [Choose the instances to reset"):
+                real.run("systemctl", "thaw", UNIT)
+                thawed = True
+        proc.wait(timeout=600)
+    finally:
+        if not thawed:
+            real.run("systemctl", "thaw", UNIT, check=False)
+    stdout = "".join(out)
+    assert thawed, stdout[-4000:]
+    assert proc.returncode == 0, stdout[-6000:]
+    row = rows_by_host(newest_report(reports))[HOST]
+    assert real.main_pid() == pid  # the load in progress was not reset
+    assert row["killed"] == 0 and row["service"]["status"] == "ready", row
+    assert "loading" in (row.get("note", "") + stdout), stdout[-4000:]
+
+
+def test_the_engine_refuses_a_configuration_the_flag_data_takes_before_anything_is_stopped(real):
+    """No start. --max-num-seqs 0 parses (an int), and vLLM's own configuration refuses it: the
+    dry run on the host, as the service user, says so in the engine's words; the running server
+    is not touched."""
+    pid = real.main_pid()
+    real.vars["inference_service_extra_args"] = ["--enforce-eager", "--max-num-seqs", "0"]
+    try:
+        proc, report, row = real.play()
+    finally:
+        real.vars = base_vars()
+    assert proc.returncode != 0
+    assert row["status"] == "invalid", row
+    assert "max_num_seqs" in json.dumps(row).replace("max-num-seqs", "max_num_seqs"), row
+    assert real.main_pid() == pid
+
+
+def test_an_eagle3_draft_that_accepts_nothing_is_degraded(real):
+    """One start. A random EAGLE-3 head: vLLM loads and runs it, and all but none of its drafts are
+    accepted; the gate reports degraded with the rate /metrics gives."""
+    old_pid = real.main_pid()
+    real.vars["inference_service_speculative"] = {"method": "eagle3", "model": str(TINY_MODELS / "tiny-llama-eagle3"),
+                                                  "num_speculative_tokens": 2}
+    proc, report, row = real.play()
+    assert row["service"]["status"] == "degraded", row["service"]
+    assert real.main_pid() not in (0, old_pid)
+    rate = row["service"]["acceptance_rate"]
+    assert rate < 0.3 and abs(rate - real.acceptance_from_metrics()) <= 0.01, row["service"]
