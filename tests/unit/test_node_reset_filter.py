@@ -206,7 +206,7 @@ def test_a_verify_run_is_clean_only_when_a_reset_would_do_nothing():
     # In the reset's order (the steps' registry).
     assert result["problems"] == ["a reset would remove 1 bytecode file",
                                   "a reset would stop 1 process",
-                                  "a reset would remove 1 shared memory segment, 4.0 KiB"]
+                                  "a reset would remove 1 leftover file, 4.0 KiB"]
     clean = steps(gpu_reset={"targets": []}, shm_clean={"removed": []})
     assert node_reset_result(clean, "node1", kind="verify", read_only=True)["status"] == "clean"
 
@@ -281,7 +281,7 @@ def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_ru
 @pytest.mark.parametrize("would, problem", [
     ({"gpu_reset": {"changed": False, "targets": [{"pid": 7}], "killed": []}}, "a reset would stop 1 process"),
     ({"shm_clean": {"changed": False, "removed": [{"path": "x"}], "bytes_freed": 4096}},
-     "a reset would remove 1 shared memory segment, 4.0 KiB"),
+     "a reset would remove 1 leftover file, 4.0 KiB"),
     ({"pycache_purge": {"changed": False, "removed": [{"path": "y.pyc"}]}}, "a reset would remove 1 bytecode file"),
 ])
 def test_a_verify_run_with_one_thing_left_for_a_reset_is_dirty_and_not_ok(would, problem):
