@@ -100,6 +100,22 @@ def test_selectors_checks_and_scopes():
         "node_reset_nvml_verify_checks is empty:")
 
 
+def test_the_tmp_leftovers_options_are_checked_before_any_step():
+    """Issue 37: a relative tmp_path, or a pattern that matches every name (a removal of /tmp's
+    whole top level, stopped by the owner rule alone), refused in one sentence each before gpu_reset."""
+    problems = node_reset_problems(values(node_reset_shm_clean_tmp_path="tmp",
+                                          node_reset_shm_clean_tmp_patterns=["vllm_dist_.+", "["]))
+    assert problems == [
+        'node_reset_shm_clean_tmp_path is "tmp": a path must be absolute (start with /), on one line, or empty to'
+        " skip it.",
+        'node_reset_shm_clean_tmp_patterns has "[": not a regular expression (unterminated character set at'
+        " position 0)."]
+    assert node_reset_problems(values(node_reset_shm_clean_tmp_patterns=["vllm_dist_.+", ".*"])) == [
+        'node_reset_shm_clean_tmp_patterns has ".*": it matches an empty name, . or ..; a pattern must name'
+        " leftovers only."]
+    assert node_reset_problems(values(node_reset_shm_clean_tmp_path="")) == []
+
+
 def test_a_proxmox_node_needs_its_vmid_and_a_place_in_the_inventory():
     assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129)) == []
     assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129), pve_host_known=False) == [
