@@ -63,8 +63,8 @@ options:
         check mode), C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(shm_in_use) (each segment shm_clean kept because
-        a live process maps or holds it, C({path, bytes, size, holders}) with each holder's C({pid, name})),
-        C(tmp_leftovers) (each entry of shm_clean's C(tmp_path), C({path, done, why}) with C(done) C(removed),
+        a live process maps or holds it, C({path, bytes, size, holders}) with each holder''s C({pid, name})),
+        C(tmp_leftovers) (each entry of shm_clean''s C(tmp_path), C({path, done, why}) with C(done) C(removed),
         C(would remove) or C(kept)), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run; for the
         instances of a host with several servers, C(gpu_uuids) (UUID by index before the reset) and C(killed_gpus) (the
