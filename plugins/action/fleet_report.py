@@ -172,8 +172,9 @@ def render_kept(rows: list) -> list:
         lines += ["", "Kept in use (the space returns when these processes exit):"]
     for row in held:
         for item in row["shm_in_use"]:
-            lines.append("- %s: %s, %s, held by %s" % (_cell(row.get("host")), _cell(item.get("path")),
-                                                      human_bytes(_number(item.get("bytes"))), _cell(held_words(item))))
+            cells = (_cell(row.get("host")), _cell(item.get("path")), human_bytes(_number(item.get("bytes"))),
+                     _cell(held_words(item)))
+            lines.append("- %s: %s, %s, held by %s" % cells)
     leftovers = [row for row in rows if row.get("tmp_leftovers")]
     if leftovers:
         lines += ["", "Engine leftovers in tmp_path:"]

@@ -491,7 +491,7 @@ def tmp_kind(st, owners):
     if stat.S_ISDIR(st.st_mode):
         return 'a directory; directories are never removed'
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
-        return '%s; in tmp_path only regular files and unix sockets are removed' % kind_of(st.st_mode).split(';')[0]
+        return '%s; in tmp_path only regular files and unix sockets are removed' % kind_of(st.st_mode).split(';', maxsplit=1)[0]
     if st.st_uid not in owners:
         return 'owned by uid %d (%s), neither root nor a user of tmp_owners' % (st.st_uid, user_name(st.st_uid))
     return None

@@ -244,7 +244,7 @@ def test_the_default_tmp_patterns_take_str_uuid4_and_vllm_dist_names_only():
     upper case, or with more around it is another program's name."""
     import uuid  # pylint: disable=import-outside-toplevel
     patterns = shm_clean.DEFAULT_TMP_PATTERNS
-    for name in [str(uuid.uuid4()) for _ in range(200)] + ["vllm_dist_x", "vllm_dist_abc123"]:
+    for name in [str(uuid.uuid4()) for dummy in range(200)] + ["vllm_dist_x", "vllm_dist_abc123"]:
         assert shm_clean.tmp_selected(name, patterns, []), name
     for name in [str(uuid.uuid1()), str(uuid.uuid4()).upper(), str(uuid.uuid4()) + ".bak", "x" + str(uuid.uuid4()),
                  str(uuid.uuid4()).replace("-", ""), "vllm_dist_", "my_vllm_dist_x", "nccl-1"]:
