@@ -394,9 +394,8 @@ def tmp_pattern_problem(pattern):
 
 def tmp_selected(name, patterns, exclude):
     """True when the whole name matches a tmp_patterns expression and no exclude pattern."""
-    if not any(re.fullmatch(pattern, name) for pattern in patterns):
-        return False
-    return not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+    # exclude as selected() applies it: shell patterns.
+    return any(re.fullmatch(pattern, name) for pattern in patterns) and selected(name, ['*'], exclude)
 
 
 def selected(name, patterns, exclude):
@@ -696,8 +695,7 @@ def clean(module, fd, base, tmp=None):
         unproven += tmp_unproven
     for item in skipped:
         item.setdefault('area', 'shm')
-    blocking = unreadable if os.geteuid() != 0 else []
-    if unreadable and not blocking:
+    if unreadable and os.geteuid() == 0:
         # What was at stake: the entries removed (or, in check mode, that would be) are the only
         # ones such a process could have been using unseen.
         module.warn('the open files and mappings of %d process%s could not be read even as root (pids %s); '

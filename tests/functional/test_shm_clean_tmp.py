@@ -70,7 +70,7 @@ def _dead_socket(ns, path):
     assert path.is_socket()
 
 
-def tmp_leftovers(ns, check=False) -> dict:
+def tmp_leftovers(ns, check=False, remove_in_use=False) -> dict:
     """A /tmp as a crashed vLLM leaves it, beside a live engine's sockets and files; shm_clean once."""
     tmp, shm, elsewhere = ns.scratch / "tmp", ns.scratch / "shm", ns.scratch / "elsewhere"
     for directory in (tmp, shm, elsewhere):
@@ -89,7 +89,8 @@ def tmp_leftovers(ns, check=False) -> dict:
     (tmp / LINK).symlink_to(elsewhere / "victim")
     for entry in tmp.iterdir():
         _aged(entry)
-    result = ns.module("shm_clean", {"path": str(shm), "patterns": ["psm_*"], "tmp_path": str(tmp)}, check=check)
+    result = ns.module("shm_clean", {"path": str(shm), "patterns": ["psm_*"], "tmp_path": str(tmp),
+                                     "remove_in_use": remove_in_use}, check=check)
     return {"result": result, "live_pid": live_pid, "held_pid": held_pid, "tmp": str(tmp),
             "left": sorted(entry.name for entry in tmp.iterdir()),
             "victim": (elsewhere / "victim").read_bytes().decode(),
@@ -169,6 +170,14 @@ def test_check_mode_removes_nothing_and_says_what_would_go():
     assert result["rc"] == 0 and result["changed"], result
     assert set(names(result["removed"])) == {DEAD, "vllm_dist_free"}
     assert {DEAD, "vllm_dist_free", LIVE, THEIRS, LINK} <= set(out["left"])
+
+
+def test_remove_in_use_never_removes_a_live_socket():
+    """remove_in_use is for segments, whose space returns when their holders exit; a live server's
+    socket or file in tmp_path frees nothing and breaks it."""
+    out = pidns.run_in_pidns("tests.functional.test_shm_clean_tmp:tmp_leftovers", remove_in_use=True)
+    assert set(names(out["result"]["removed"])) == {DEAD, "vllm_dist_free"}
+    assert {LIVE, "vllm_dist_held"} <= set(out["left"]) and out["live_connects"]
 
 
 def bound_in_another_network_namespace(ns) -> dict:
