@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, host_row
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, held_words, host_row
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 ARGUMENT_SPEC = {
@@ -163,6 +163,31 @@ def trigger_line(trigger) -> list:
     return ["Triggered by %s%s." % (_cell(trigger.get("by") or "an automation"), ": " + what if what else ""), ""]
 
 
+def render_kept(rows: list) -> list:
+    """The short form of what shm_clean kept in use (segment, size, holders) and did in tmp_path (how many
+    removed, each kept one with why); the JSON rows have every entry."""
+    lines = []
+    held = [row for row in rows if row.get("shm_in_use")]
+    if held:
+        lines += ["", "Kept in use (the space returns when these processes exit):"]
+    for row in held:
+        for item in row["shm_in_use"]:
+            cells = (_cell(row.get("host")), _cell(item.get("path")), human_bytes(_number(item.get("bytes"))),
+                     _cell(held_words(item)))
+            lines.append("- %s: %s, %s, held by %s" % cells)
+    leftovers = [row for row in rows if row.get("tmp_leftovers")]
+    if leftovers:
+        lines += ["", "Engine leftovers in tmp_path:"]
+    for row in leftovers:
+        gone = [item for item in row["tmp_leftovers"] if item.get("done") != "kept"]
+        kept = [item for item in row["tmp_leftovers"] if item.get("done") == "kept"]
+        would = any(item.get("done") == "would remove" for item in gone)
+        lines.append("- %s: %d %s, %d kept" % (_cell(row.get("host")), len(gone), "would be removed" if would else "removed",
+                                               len(kept)))
+        lines += ["  - kept %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in kept]
+    return lines
+
+
 def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False, trigger=None) -> str:
     """The report as a Markdown table, then the hosts that are not ok, one problem per line.
 
@@ -191,6 +216,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
         problems = [_cell(problem) for problem in row.get("problems") or []] or ["no details"]
         lines.append("- %s (%s):" % (row.get("host"), row.get("status")))
         lines += ["  - %s" % problem for problem in problems]
+    lines += render_kept(rows)
     stopping = [row for row in rows if row.get("would_stop")]
     if stopping:
         lines += ["", "A reset would stop:"]

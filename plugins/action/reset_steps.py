@@ -60,7 +60,8 @@ class ActionModule(ActionBase):
                 if answer.get(key):
                     result.setdefault(key, []).extend(answer[key])
             if answer.get("diff"):
-                diffs.append(answer["diff"])
+                # shm_clean with tmp_path answers two diffs, one per directory.
+                diffs.extend(answer["diff"] if isinstance(answer["diff"], list) else [answer["diff"]])
             if answer.get("failed"):
                 result.update({key: answer[key] for key in FAILURE_KEYS if key in answer})
                 result.update(failed=True, failed_step=name)

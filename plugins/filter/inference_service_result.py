@@ -33,13 +33,24 @@ def _summary(registered: Mapping, host, engine, unit, files_changed, warnings) -
     args = _mapping(registered.get("args"))
     restarted = _changed(registered.get("restarted")) or _changed(registered.get("started"))
     return {
-        "host": host, "engine": engine, "engine_version": args.get("engine_version") or "", "unit": unit,
+        "host": host, "engine": engine, "engine_version": args.get("engine_version") or "",
+        # The version given or reported, when its local label (0.32.0+cpu) is not the flag data's name.
+        "engine_version_named": args.get("engine_version_named") or args.get("engine_version") or "", "unit": unit,
         "url": args.get("url") or "", "served_name": args.get("served_name") or "",
         "speculative_method": _mapping(args.get("speculative")).get("method"),
         "command_line": args.get("command_line") or "", "argv": list(args.get("argv") or []),
         "changed": bool(files_changed) or restarted, "restarted": restarted,
         "warnings": list(args.get("warnings") or []) + list(warnings or []),
     }
+
+
+def engine_words(result: Mapping) -> str:
+    """The engine and its version for the report: `vllm 0.32.0`, or where the version has a local
+    label `vllm 0.32.0+cpu (flag data of 0.32.0)`."""
+    version, named = result.get("engine_version") or "", result.get("engine_version_named") or ""
+    if named and version and named != version:
+        version = "%s (flag data of %s)" % (named, version)
+    return " ".join(str(part) for part in (result.get("engine"), version) if part)
 
 
 def _gate(gate: Mapping) -> dict:
@@ -118,7 +129,7 @@ def inference_service_report_row(result):
     rate = result.get("acceptance_rate")
     row = {
         "host": result.get("host"), "ok": serving, "problems": problems, "service": dict(result),
-        "service_engine": " ".join(str(part) for part in (result.get("engine"), result.get("engine_version")) if part),
+        "service_engine": engine_words(result),
         "service_ready_s": _shown(result.get("ready_s"), "%.1f"),
         "service_first_completion_ms": _shown(result.get("first_completion_ms"), "%.0f"),
         "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),

@@ -115,6 +115,23 @@ def path_problems(values: Mapping) -> list:
         except re.error as exc:
             problems.append("node_reset_gpu_reset_cmdline_patterns has %s: not a regular expression (%s)."
                             % (_role_spec.shown(pattern), exc))
+    tmp_path = values.get("node_reset_shm_clean_tmp_path")
+    # Empty: no pass over it. A number is no path, as above.
+    if tmp_path not in (None, "") and (not isinstance(tmp_path, str) or not tmp_path.startswith("/")
+                                       or "\0" in tmp_path or "\n" in tmp_path):
+        problems.append("node_reset_shm_clean_tmp_path is %s: a path must be absolute (start with /), on one line, "
+                        "or empty to skip it." % _role_spec.shown(tmp_path))
+    patterns = values.get("node_reset_shm_clean_tmp_patterns")
+    for pattern in patterns if isinstance(patterns, list) else []:
+        try:
+            compiled = re.compile(_text(pattern))
+        except re.error as exc:
+            problems.append("node_reset_shm_clean_tmp_patterns has %s: not a regular expression (%s)."
+                            % (_role_spec.shown(pattern), exc))
+            continue
+        if any(compiled.fullmatch(name) for name in ("", ".", "..")):
+            problems.append("node_reset_shm_clean_tmp_patterns has %s: it matches an empty name, . or ..; a pattern "
+                            "must name leftovers only." % _role_spec.shown(pattern))
     for name in ("node_reset_shm_clean_patterns", "node_reset_gpu_reset_device_paths"):
         value = values.get(name)
         if isinstance(value, list) and any(not _text(item).strip() for item in value):

@@ -26,6 +26,14 @@ those few are stat'ed on kernels whose fdinfo has no `ino:`.
 
 A process whose descriptors or mappings cannot be read is reported as unreadable: its uses of the
 files are unknown, and the caller must not treat the files as unused.
+
+A unix socket's file is never open in a process: the process holds a socket, whose inode (sockfs's,
+`socket:[N]` in /proc/PID/fd) is not the file's. The kernel lists each bound socket with its inode
+and the path it was bound to in /proc/PID/net/unix (one table per network namespace), so a socket
+file is in use when a socket bound to its name is listed there; who holds it is who has that
+socket:[N] open. The path is the binder's (relative to its working directory, or seen from its own
+mount namespace), so a listed path whose last component is the file's name counts: a name that two
+directories share can only keep more.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ class Wanted:
     by inode alone (the file system reports devices inconsistently, or the mount is unknown).
     """
 
-    def __init__(self, inodes, device):
+    def __init__(self, inodes, device, sockets=None):
         self.by_inode = {ino: name for name, ino in inodes.items()}
+        # {socket inode: name} of the bound unix sockets whose holders are wanted (bound_unix_sockets).
+        self.sockets = dict(sockets or {})
         self.names = set(inodes)
         self.device = device
         if device is None:
@@ -170,6 +180,11 @@ def _opened(pid, wanted, mounts, proc):
             if _gone(exc):
                 continue  # closed since the listing
             raise
+        if link.startswith("socket:[") and wanted.sockets:
+            name = wanted.sockets.get(_socket_inode(link))
+            if name is not None:
+                found.add(name)
+            continue
         name = wanted.name_matches(link)
         if name is None:
             continue
@@ -185,6 +200,46 @@ def _opened(pid, wanted, mounts, proc):
     return found
 
 
+def _socket_inode(link):
+    """N of a descriptor's link text socket:[N], or None."""
+    digits = link[len("socket:["):-1]
+    return int(digits) if link.endswith("]") and digits.isdigit() else None
+
+
+def unix_socket_paths(text):
+    """[(socket inode, path)] of the bound sockets in /proc/PID/net/unix text (abstract ones left out)."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[6].isdigit() and not fields[7].startswith(b"@"):
+            found.append((int(fields[6]), fields[7]))
+    return found
+
+
+def bound_unix_sockets(names, proc=PROC):
+    """({socket inode: name}, unreadable pids) of the unix sockets bound to a path whose last
+    component is one of `names` (text), in every network namespace a process is in (each
+    namespace's table read once). A process whose namespace cannot be told is unreadable."""
+    wanted = {os.fsencode(name): name for name in names}
+    found, unreadable, seen = {}, [], set()
+    for pid in ["self"] + _pids(proc):
+        try:
+            ns = os.readlink("%s/%s/ns/net" % (proc, pid))
+            if ns in seen:
+                continue
+            text = _read("%s/%s/net/unix" % (proc, pid))
+        except OSError as exc:
+            if pid != "self" and not _gone(exc):
+                unreadable.append(pid)
+            continue
+        seen.add(ns)
+        for inode, path in unix_socket_paths(text):
+            name = wanted.get(path.rpartition(b"/")[2])
+            if name is not None:
+                found[inode] = name
+    return found, sorted(unreadable)
+
+
 def _mapped(pid, wanted, proc):
     """Wanted names the process maps; raises PermissionError/OSError when it cannot tell."""
     data = _read("%s/%d/maps" % (proc, pid))
@@ -198,19 +253,20 @@ def _mapped(pid, wanted, proc):
     return found
 
 
-def users(inodes, device, proc=PROC):
-    """Who uses the files {name: inode} of one directory whose files show `device` (or None).
+def users(inodes, device, proc=PROC, sockets=None):
+    """Who uses the files {name: inode} of one directory whose files show `device` (or None), and
+    who holds the unix sockets {socket inode: name} (bound_unix_sockets).
 
     Returns (users, unreadable): users is {name: sorted pids} of live processes that have the
     file open or mapped; unreadable is the sorted pids whose descriptors or mappings could not be
     read, whose uses are therefore unknown. Threads share their process's maps and, unless they
     asked otherwise (unshare(CLONE_FILES), which no shared-memory user does), its descriptors.
     """
-    wanted = Wanted(inodes, device)
+    wanted = Wanted(inodes, device, sockets)
     mounts = _Mounts(proc)
     found = {}
     unreadable = []
-    if not inodes:
+    if not inodes and not sockets:
         return found, unreadable
     for pid in _pids(proc):
         try:

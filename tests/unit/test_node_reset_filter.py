@@ -100,6 +100,22 @@ def test_selectors_checks_and_scopes():
         "node_reset_nvml_verify_checks is empty:")
 
 
+def test_the_tmp_leftovers_options_are_checked_before_any_step():
+    """Issue 37: a relative tmp_path, or a pattern that matches every name (a removal of /tmp's
+    whole top level, stopped by the owner rule alone), refused in one sentence each before gpu_reset."""
+    problems = node_reset_problems(values(node_reset_shm_clean_tmp_path="tmp",
+                                          node_reset_shm_clean_tmp_patterns=["vllm_dist_.+", "["]))
+    assert problems == [
+        'node_reset_shm_clean_tmp_path is "tmp": a path must be absolute (start with /), on one line, or empty to'
+        " skip it.",
+        'node_reset_shm_clean_tmp_patterns has "[": not a regular expression (unterminated character set at'
+        " position 0)."]
+    assert node_reset_problems(values(node_reset_shm_clean_tmp_patterns=["vllm_dist_.+", ".*"])) == [
+        'node_reset_shm_clean_tmp_patterns has ".*": it matches an empty name, . or ..; a pattern must name'
+        " leftovers only."]
+    assert node_reset_problems(values(node_reset_shm_clean_tmp_path="")) == []
+
+
 def test_a_proxmox_node_needs_its_vmid_and_a_place_in_the_inventory():
     assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129)) == []
     assert node_reset_problems(values(node_reset_pve_host="pve1", node_reset_pve_vmid=129), pve_host_known=False) == [
@@ -206,7 +222,7 @@ def test_a_verify_run_is_clean_only_when_a_reset_would_do_nothing():
     # In the reset's order (the steps' registry).
     assert result["problems"] == ["a reset would remove 1 bytecode file",
                                   "a reset would stop 1 process",
-                                  "a reset would remove 1 shared memory segment, 4.0 KiB"]
+                                  "a reset would remove 1 leftover file, 4.0 KiB"]
     clean = steps(gpu_reset={"targets": []}, shm_clean={"removed": []})
     assert node_reset_result(clean, "node1", kind="verify", read_only=True)["status"] == "clean"
 
@@ -281,7 +297,7 @@ def test_a_host_check_that_refused_an_input_is_invalid_and_one_that_could_not_ru
 @pytest.mark.parametrize("would, problem", [
     ({"gpu_reset": {"changed": False, "targets": [{"pid": 7}], "killed": []}}, "a reset would stop 1 process"),
     ({"shm_clean": {"changed": False, "removed": [{"path": "x"}], "bytes_freed": 4096}},
-     "a reset would remove 1 shared memory segment, 4.0 KiB"),
+     "a reset would remove 1 leftover file, 4.0 KiB"),
     ({"pycache_purge": {"changed": False, "removed": [{"path": "y.pyc"}]}}, "a reset would remove 1 bytecode file"),
 ])
 def test_a_verify_run_with_one_thing_left_for_a_reset_is_dirty_and_not_ok(would, problem):

@@ -58,7 +58,10 @@ def test_the_defaults_give_each_module_its_options_and_leave_out_what_is_unset()
         "cmdline_patterns": [], "protect_names": DEFAULTS["node_reset_gpu_reset_protect_names"], "spare_units": [],
         "spare_gpus": [], "include_children": True, "grace_period": 30, "kill_timeout": 10}  # cgroup and users null: no limit
     assert args["shm_clean"] == {"path": "/dev/shm", "patterns": DEFAULTS["node_reset_shm_clean_patterns"],
-                                 "exclude": [], "min_age": 0, "remove_in_use": False}
+                                 "exclude": [], "min_age": 0, "remove_in_use": False, "tmp_path": "/tmp",
+                                 "tmp_patterns": DEFAULTS["node_reset_shm_clean_tmp_patterns"], "tmp_owners": []}
+    # tmp_path empty: no pass over it, and the module wants the option absent.
+    assert "tmp_path" not in node_reset_step_args(values(node_reset_shm_clean_tmp_path=""))["shm_clean"]
     # expected_count 0 is the role's "no count check": the module wants it absent (it refuses 0).
     assert args["nvml_verify"] == {"gpus": [], "max_memory_used_mib": 16, "allow_processes": False, "timeout": 30,
                                    "poll_interval": 0.1, "checks": DEFAULTS["node_reset_nvml_verify_checks"]}

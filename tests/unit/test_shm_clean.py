@@ -13,6 +13,7 @@ from tests.run_module import ensure_collection_link
 sys.path.insert(0, str(ensure_collection_link()))
 from ansible_collections.cleanslate.gpu.plugins.modules import shm_clean  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _file_users  # noqa: E402  pylint: disable=wrong-import-position
 
 MIN_AGE_MAX = RANGES["shm_clean"]["min_age"].maximum
 
@@ -236,3 +237,33 @@ def test_the_processes_whose_files_cannot_be_read_are_named(tmp_path):
         proc.wait()
     mine = open("/proc/self/comm", encoding="utf-8").read().strip()
     assert shown == "%d (%s), %d (gpu\\nholder\\xe9), %d (?)" % (os.getpid(), mine, proc.pid, 2 ** 22 + 7), shown
+
+
+def test_the_default_tmp_patterns_take_str_uuid4_and_vllm_dist_names_only():
+    """Issue 37: vLLM's ZeroMQ IPC sockets are /tmp/<str(uuid.uuid4())>; a UUID of another version, in
+    upper case, or with more around it is another program's name."""
+    import uuid  # pylint: disable=import-outside-toplevel
+    patterns = shm_clean.DEFAULT_TMP_PATTERNS
+    for name in [str(uuid.uuid4()) for dummy in range(200)] + ["vllm_dist_x", "vllm_dist_abc123"]:
+        assert shm_clean.tmp_selected(name, patterns, []), name
+    for name in [str(uuid.uuid1()), str(uuid.uuid4()).upper(), str(uuid.uuid4()) + ".bak", "x" + str(uuid.uuid4()),
+                 str(uuid.uuid4()).replace("-", ""), "vllm_dist_", "my_vllm_dist_x", "nccl-1"]:
+        assert not shm_clean.tmp_selected(name, patterns, []), name
+    assert not shm_clean.tmp_selected("vllm_dist_keep", patterns, ["vllm_dist_k*"])
+
+
+@pytest.mark.parametrize("pattern, why", [
+    ("", "is empty"), ("[", "is not a regular expression"), (".*", "matches ''"), ("\\.\\.?", "matches '.'")])
+def test_a_tmp_pattern_that_is_no_expression_or_matches_dot_is_refused(pattern, why):
+    assert why in shm_clean.tmp_pattern_problem(pattern)
+
+
+def test_the_bound_sockets_table_gives_each_path_its_socket_inode():
+    """/proc/net/unix: the header, a bound path, an unbound (connected) socket, an abstract name."""
+    text = (b"Num       RefCount Protocol Flags    Type St Inode Path\n"
+            b"0000000000000000: 00000002 00000000 00010000 0001 01 31337 /tmp/3f0c5d7e-9a1b-4c2d-8e3f-0123456789ab\n"
+            b"0000000000000000: 00000003 00000000 00000000 0001 03 31338\n"
+            b"0000000000000000: 00000002 00000000 00010000 0001 01 31339 @/tmp/abstract\n"
+            b"0000000000000000: 00000002 00000000 00010000 0001 01 31340 /run/a b\n")
+    assert _file_users.unix_socket_paths(text) == [(31337, b"/tmp/3f0c5d7e-9a1b-4c2d-8e3f-0123456789ab"),
+                                                   (31340, b"/run/a b")]
