@@ -32,7 +32,7 @@ ERROR_MAX = 1000
 NOT_WHY = ("For further information visit",)
 
 
-class _ParserRefused(Exception):
+class ParserError(Exception):
     """argparse refused the command line (it would print usage and exit 2)."""
 
 
@@ -49,7 +49,7 @@ def _parser_raises():
     import argparse
 
     def error(self, message):
-        raise _ParserRefused("%s: error: %s" % (self.prog, message))
+        raise ParserError("%s: error: %s" % (self.prog, message))
 
     argparse.ArgumentParser.error = error
 
