@@ -79,7 +79,7 @@ options:
   timeout:
     description:
       - Seconds the check may take; at the deadline its whole process group is killed and RV(why_not_run) says so.
-      - The range is 1 to 3600.
+      - The range is a whole number of seconds from 1 to 3600.
     type: int
     default: 180
 notes:
@@ -159,11 +159,13 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils import _engine_dry_
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._installed_version import CannotTell, interpreter
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
+from ansible_collections.cleanslate.gpu.plugins.module_utils._settings import BY_NAME
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 OUTPUT_MAX = 256 * 1024
 TEXT_MAX = 1000
-TIMEOUT_MIN, TIMEOUT_MAX = 1, 3600
+# The role's setting's range (inference_service_engine_dry_run_timeout), one source.
+TIMEOUT = BY_NAME["engine_dry_run_timeout"].range
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # The check's own, after O(environment): it never downloads.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -179,9 +181,7 @@ def input_problems(params):
                         % (json.dumps(argv[0]) if argv else "an empty list"))
     if any("\0" in item for item in argv):
         problems.append("argv holds a NUL character, which no command line can carry")
-    timeout = params["timeout"]
-    if not TIMEOUT_MIN <= timeout <= TIMEOUT_MAX:
-        problems.append("timeout must be %d to %d seconds, got %d" % (TIMEOUT_MIN, TIMEOUT_MAX, timeout))
+    problems += filter(None, [TIMEOUT.sentence("timeout", params["timeout"])])
     for name, value in params["environment"].items():
         if not ENV_NAME.match(name):
             problems.append("environment: %s is not a variable name (letters, digits and _, not first a digit)"
