@@ -19,7 +19,9 @@ SGLang: ServerArgs from the argv (prepare_server_args, whose __post_init__ runs 
 check_server_args() where it exists.
 
 It prints one line on its standard output, MARKER followed by JSON {ok, error_type, error}: error
-is the exception's own words, on one line, cut to ERROR_MAX characters. Everything the engine
+is the exception's own words, on one line, cut to ERROR_MAX characters; model_missing: true when the
+model's files are not on the host (not a directory, not in the Hugging Face cache, downloads off),
+which is no verdict on the configuration. Everything the engine
 prints goes to standard error (standard output is pointed there while the engine runs), so the
 marker line is the only one on standard output.
 """
@@ -30,6 +32,9 @@ MARKER = "CLEANSLATE_ENGINE_DRY_RUN "
 ERROR_MAX = 1000
 # pydantic's link line, which says where to read more, not why.
 NOT_WHY = ("For further information visit",)
+# Raised (or chained) when the model is neither a local directory nor in the Hugging Face cache and
+# downloads are off: the check did not reach the configuration, which is not a refusal.
+NOT_ON_HOST = ("LocalEntryNotFoundError", "OfflineModeIsEnabled")
 
 
 class ParserError(Exception):
@@ -43,6 +48,17 @@ def words(exc) -> str:
     lines = [line for line in lines if line and not line.startswith(NOT_WHY)]
     joined = " ".join(lines)
     return joined if len(joined) <= ERROR_MAX else joined[:ERROR_MAX - 3] + "..."
+
+
+def model_missing(exc) -> bool:
+    """Whether exc, or an exception it was raised from, says the model files are not on the host."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if any(type(exc).__name__ == name or name in [base.__name__ for base in type(exc).__mro__]
+               for name in NOT_ON_HOST):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _parser_raises():
@@ -119,6 +135,8 @@ def main(request):
     except BaseException as exc:  # pylint: disable=broad-except
         # SystemExit too: a parser or a check that exits instead of raising refused the line.
         verdict = {"ok": False, "error_type": type(exc).__name__, "error": words(exc)}
+        if model_missing(exc):
+            verdict["model_missing"] = True
     sys.stderr.flush()
     os.write(answer, (MARKER + json.dumps(verdict) + "\n").encode("utf-8"))
     os.close(answer)

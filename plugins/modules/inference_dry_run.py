@@ -129,7 +129,9 @@ error_type:
   type: str
   sample: TypeError
 why_not_run:
-  description: Why the checks did not run to a verdict (the interpreter, a timeout, the engine's import, an answer that cannot be read); empty when they did.
+  description:
+    - Why the checks did not run to a verdict (the interpreter, a timeout, the engine's import, the model's files
+      not on the host, an answer that cannot be read); empty when they did.
   returned: always
   type: str
   sample: the check ran past its timeout of 180 seconds and its process group was killed
@@ -156,6 +158,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _engine_dry_run
+from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._installed_version import CannotTell, interpreter
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
@@ -198,17 +201,17 @@ def input_problems(params):
 
 
 def service_user(name):
-    """The user's pwd entry; ValueError with one sentence for root or a user the host lacks."""
+    """The user's pwd entry; InputProblem (one sentence) for root or a user the host lacks."""
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        raise ValueError("user %s does not exist on the host: the check runs only as the server's user"
+        raise InputProblem("user %s does not exist on the host: the check runs only as the server's user"
                          % json.dumps(name)) from None
     if entry.pw_uid == 0 or name == "root":
-        raise ValueError("user %s is root (uid 0): the engine's Python never runs as root, even for a check"
+        raise InputProblem("user %s is root (uid 0): the engine's Python never runs as root, even for a check"
                          % json.dumps(name))
     if os.geteuid() not in (0, entry.pw_uid):
-        raise ValueError("the module runs as uid %d, neither root nor %s: it cannot start the check as that user "
+        raise InputProblem("the module runs as uid %d, neither root nor %s: it cannot start the check as that user "
                          "(become root)" % (os.geteuid(), name))
     return entry
 
@@ -333,7 +336,7 @@ def dry_run(module):
               "interpreter": "", "seconds": 0.0}
     try:
         entry = service_user(params["user"])
-    except ValueError as exc:
+    except InputProblem as exc:
         module.fail_json(msg=str(exc), **result)
     argv = params["argv"]
     try:
@@ -365,6 +368,11 @@ def dry_run(module):
         said = last_words(stderr, mask)
         result["why_not_run"] = shown("the engine's Python %s and %s%s" % (
             how, problem, ("; its last words: %s" % said) if said else ""), mask)
+        return result
+    if not verdict["ok"] and verdict.get("model_missing") is True:
+        result["why_not_run"] = shown("the model's files are not on the host (not a directory, not in the Hugging "
+                                      "Face cache) and the check downloads nothing: %s" % verdict["error"], mask)
+        result["error_type"] = shown(verdict["error_type"], mask)
         return result
     if not verdict["ok"] and verdict["error_type"] in ("ImportError", "ModuleNotFoundError"):
         result["why_not_run"] = shown("the engine's import failed: %s" % verdict["error"], mask)

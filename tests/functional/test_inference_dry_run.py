@@ -104,6 +104,13 @@ FAKE_VLLM = {
                     raise ValueError("z" * 5000)
                 if behave == "exit":
                     sys.exit(3)
+                if behave == "offline":
+                    class LocalEntryNotFoundError(OSError):
+                        pass
+                    try:
+                        raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder")
+                    except OSError as exc:
+                        raise ValueError("Invalid repository ID or local directory specified") from exc
         """,
 }
 
@@ -318,10 +325,18 @@ def test_an_engine_that_is_not_installed_or_a_python_that_is_not_there_did_not_r
 @pytest.mark.parametrize("params, sentence", [
     ({"argv": []}, "argv must start with the engine's executable, an absolute path, got an empty list"),
     ({"argv": ["vllm", "serve"]}, 'argv must start with the engine\'s executable, an absolute path, got "vllm"'),
-    ({"timeout": 0}, "timeout must be 1 to 3600 seconds, got 0"),
+    ({"timeout": 0}, "timeout is 0: it must be a whole number of seconds from 1 to 3600."),
     ({"environment": {"1BAD": "x"}}, 'environment: "1BAD" is not a variable name (letters, digits and _, not first a digit)'),
 ])
 def test_a_bad_input_is_one_sentence(fake, params, sentence):
     result = run_module("inference_dry_run", dict({"engine": "vllm", "argv": [str(vllm(fake)), "serve", "m"],
                                                    "user": "nobody"}, **params))
     assert result["rc"] == 1 and result["msg"] == sentence
+
+
+def test_a_model_whose_files_are_not_on_the_host_is_no_verdict(fake):
+    result = dry_run(vllm(fake), "--behave", "offline")
+    assert (result["ran"], result["ok"], result["refusal"]) == (False, False, "")
+    assert result["why_not_run"] == ("the model's files are not on the host (not a directory, not in the Hugging Face "
+                                     "cache) and the check downloads nothing: Invalid repository ID or local directory "
+                                     "specified")
