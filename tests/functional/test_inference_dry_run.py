@@ -52,6 +52,12 @@ FAKE_VLLM = {
                 parser.add_argument("--enable-auto-tool-choice", action="store_true")
                 parser.add_argument("--tool-call-parser")
                 parser.add_argument("--behave", default="")
+                # What the role renders by default (tests/integration/test_engine_dry_run_play.py).
+                parser.add_argument("--served-model-name")
+                parser.add_argument("--tensor-parallel-size", type=int, default=1)
+                parser.add_argument("--host")
+                parser.add_argument("--port", type=int)
+                parser.add_argument("--shutdown-timeout", type=int)
                 return parser
 
             def validate(self, args):
