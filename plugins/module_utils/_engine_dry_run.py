@@ -77,7 +77,7 @@ def check_vllm(argv):
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # before vLLM 0.11
         from vllm.utils import FlexibleArgumentParser
-    import vllm.entrypoints.cli.serve as serve
+    from vllm.entrypoints.cli import serve
     from vllm.engine.arg_utils import AsyncEngineArgs
     try:
         from vllm.usage.usage_lib import UsageContext

@@ -149,7 +149,7 @@ SETTINGS = (
             'bool',
             default=True,
             passes=(Pass(ARGS, version_added='0.2.0', description=(
-                "Whether the engine's own check on the host decides a version without flag data: such a version's "
+                "Whether the engine's own check on the host decides a version without flag data - such a version's "
                 "command line is then built with the newest data's flag names and returned unchecked, with a warning "
                 "(RV(flag_data) V(no data)); V(false) refuses it.",)),),
             description=("Before anything is stopped, let the engine check its own configuration on the host "

@@ -93,7 +93,9 @@ options:
     default: ""
   engine_dry_run:
     description:
-      - "Whether the engine's own check on the host decides a version without flag data: such a version's command line is then built with the newest data's flag names and returned unchecked, with a warning (RV(flag_data) V(no data)); V(false) refuses it."
+      - Whether the engine's own check on the host decides a version without flag data - such a version's command line is
+        then built with the newest data's flag names and returned unchecked, with a warning (RV(flag_data) V(no data));
+        V(false) refuses it.
     type: bool
     default: true
     version_added: 0.2.0

@@ -151,13 +151,11 @@ import json
 import os
 import pwd
 import re
-import selectors
-import signal
-import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _engine_dry_run
+from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import run_as_user
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import NAMES as ENGINE_NAMES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._installed_version import CannotTell, interpreter
@@ -206,13 +204,13 @@ def service_user(name):
         entry = pwd.getpwnam(name)
     except KeyError:
         raise InputProblem("user %s does not exist on the host: the check runs only as the server's user"
-                         % json.dumps(name)) from None
+                           % json.dumps(name)) from None
     if entry.pw_uid == 0 or name == "root":
         raise InputProblem("user %s is root (uid 0): the engine's Python never runs as root, even for a check"
-                         % json.dumps(name))
+                           % json.dumps(name))
     if os.geteuid() not in (0, entry.pw_uid):
         raise InputProblem("the module runs as uid %d, neither root nor %s: it cannot start the check as that user "
-                         "(become root)" % (os.geteuid(), name))
+                           "(become root)" % (os.geteuid(), name))
     return entry
 
 
@@ -222,73 +220,6 @@ def environment(entry, params, executable):
     env.update((name, str(value)) for name, value in params["environment"].items())
     env.update(OFFLINE)
     return env
-
-
-def run(argv, data, entry, env, timeout):
-    """(status or None, stdout, stderr, timed_out): argv as the user, data on its stdin, each stream
-    read up to OUTPUT_MAX bytes (the rest drained and dropped), the whole group killed at the end."""
-    as_user = {}
-    if os.geteuid() == 0:
-        groups = [gid for gid in os.getgrouplist(entry.pw_name, entry.pw_gid) if gid != entry.pw_gid]
-        as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}
-    cwd = entry.pw_dir if os.path.isdir(entry.pw_dir) else "/"
-    # Not module.run_command: it has no timeout, no bound on output and shares the module's
-    # process group; the check gets a session of its own, killed whole.
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
-                            stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, close_fds=True,
-                            **as_user)
-    deadline = time.monotonic() + timeout
-    kept = {proc.stdout: b"", proc.stderr: b""}
-    selector = selectors.DefaultSelector()
-    for stream in kept:
-        os.set_blocking(stream.fileno(), False)
-        selector.register(stream, selectors.EVENT_READ)
-    os.set_blocking(proc.stdin.fileno(), False)
-    selector.register(proc.stdin, selectors.EVENT_WRITE)
-    pending, timed_out, exited_at = data, False, None
-    try:
-        while selector.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = True
-                break
-            if exited_at is not None and now - exited_at > 2:
-                break  # something the check left in its group holds the pipes: killed below
-            for key, dummy in selector.select(min(0.2, deadline - now)):
-                stream = key.fileobj
-                if stream is proc.stdin:
-                    try:
-                        pending = pending[os.write(stream.fileno(), pending[:65536]):]
-                    except (BrokenPipeError, BlockingIOError) as exc:
-                        pending = b"" if isinstance(exc, BrokenPipeError) else pending
-                    if not pending:
-                        selector.unregister(stream)
-                        stream.close()
-                    continue
-                try:
-                    chunk = os.read(stream.fileno(), 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    selector.unregister(stream)
-                    continue
-                room = OUTPUT_MAX - len(kept[stream])
-                if room > 0:
-                    kept[stream] += chunk[:room]
-            if exited_at is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                exited_at = time.monotonic()
-    finally:
-        # The leader is not reaped yet: its pid, the group's id, cannot have been reused.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        status = proc.wait()
-        selector.close()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if not stream.closed:
-                stream.close()
-    return (None if timed_out else status), kept[proc.stdout], kept[proc.stderr], timed_out
 
 
 def shown(text, mask):
@@ -350,11 +281,12 @@ def dry_run(module):
     program = source + ("\nmain(__import__('json').loads(%r))\n" % json.dumps(request)).encode("utf-8")
     started = time.monotonic()
     try:
-        status, stdout, stderr, timed_out = run([python, "-I", "-"], program, entry,
-                                                environment(entry, params, argv[0]), params["timeout"])
+        status, stdout, stderr, timed_out = run_as_user([python, "-I", "-"], program, entry,
+                                                        environment(entry, params, argv[0]), params["timeout"],
+                                                        OUTPUT_MAX)
     except OSError as exc:
-        result["why_not_run"] = shown("%s could not be started as %s: %s" % (python, entry.pw_name,
-                                                                               exc.strerror or exc), mask)
+        result["why_not_run"] = shown("%s could not be started as %s: %s"
+                                      % (python, entry.pw_name, exc.strerror or exc), mask)
         return result
     finally:
         result["seconds"] = round(time.monotonic() - started, 3)
