@@ -154,7 +154,7 @@ SETTINGS = (
                 "(RV(flag_data) V(no data)); V(false) refuses it.",)),),
             description=("Before anything is stopped, let the engine check its own configuration on the host "
                          "(C(cleanslate.gpu.inference_dry_run)) - vLLM's C(vllm serve) parser, its validation and its "
-                         "C(create_engine_config()), SGLang's C(ServerArgs) and their checks, in the engine's Python, "
+                         "C(create_engine_config), SGLang's C(ServerArgs) and their checks, in the engine's Python, "
                          "as O(inference_service_user), no weights loaded, nothing started, no secret given. A "
                          "refusal makes the host C(invalid) in the engine's own words. It runs after the flag data's "
                          "check passes, or for a version without flag data, which is then served when the engine "

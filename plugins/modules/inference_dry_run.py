@@ -15,11 +15,11 @@ description:
   - The engine's own word on a command line before any server is stopped, for the C(cleanslate.gpu.inference_service)
     role's validation; in check mode too, since it changes nothing.
   - vLLM - the command line parsed by the parser C(vllm serve) builds, the serve command's own validation, then
-    C(AsyncEngineArgs.from_cli_args(args).create_engine_config()), which builds the whole configuration (the model's
+    the engine arguments' C(create_engine_config) (C(AsyncEngineArgs.from_cli_args) of the parsed arguments), which builds the whole configuration (the model's
     from its C(config.json), the cache, scheduler, speculative and compilation configurations). No weights are
     loaded, no engine process starts and no port is opened.
   - SGLang - C(ServerArgs) from the command line (C(prepare_server_args), whose checks run as it is built) and
-    C(check_server_args()) where the version has it. The role's C(--config) file, which holds only the API keys, is
+    its C(check_server_args) where the version has it. The role's C(--config) file, which holds only the API keys, is
     left out.
   - The check is a small program of this collection, sent on the standard input of the Python the engine's
     executable names on its C(#!) line (read from the file, nothing started as root). That Python runs only as
