@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(SYSTEM_PY), reason="no system Python that every user can run"),
 ]
 
+
 @pytest.fixture(scope="module")
 def engine():
     """{version: venv} of the fake vLLM at 0.34.0 (no flag data) and 0.33.0 (flag data)."""
