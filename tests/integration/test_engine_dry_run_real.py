@@ -49,6 +49,16 @@ def model():
     shutil.rmtree(top)
 
 
+def test_the_venv_is_one_nobody_can_run():
+    """The check runs as `nobody`: every directory down to the venv must let others through (a venv
+    under a 0700 home, such as a checkout in /root, cannot be the server's)."""
+    venv = Path(VENV).resolve()
+    assert (venv / "bin" / "vllm").exists(), "%s=%s holds no bin/vllm" % (VENV_ENV, VENV)
+    closed = [str(p) for p in [venv, *venv.parents] if not p.stat().st_mode & 0o001]
+    assert not closed, "%s=%s: other users cannot pass %s; build the venv where nobody can reach it" % (
+        VENV_ENV, VENV, closed[-1])
+
+
 def dry_run(model, *args):
     executable = Path(VENV) / "bin" / "vllm"
     assert executable.exists(), "%s=%s holds no bin/vllm" % (VENV_ENV, VENV)
