@@ -26,7 +26,8 @@ from tests.run_module import run_module
 
 SYSTEM_PY = "/usr/bin/python3"
 NOBODY = 65534
-SECRET = "sk-dryrun-canary-4f9a1c77"
+SECRET = "sk-dryrun/canary+4f9a1c77"
+SECRET_URL = "sk-dryrun%2Fcanary%2B4f9a1c77"
 MARKER = "CLEANSLATE_ENGINE_DRY_RUN "
 
 pytestmark = [
@@ -98,7 +99,10 @@ FAKE_VLLM = {
                 if behave == "leak":
                     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
                     with open(os.path.join(here, "token.txt")) as handle:
-                        raise ValueError("cannot reach the hub with token " + handle.read().strip())
+                        token = handle.read().strip()
+                    # As engines print it: raw, and URL-encoded in a URL (which Ansible's own no_log misses).
+                    from urllib.parse import quote
+                    raise ValueError("cannot reach https://hub.example/?token=%s with token %s" % (quote(token, safe=""), token))
                 if behave == "chatty":
                     for dummy in range(20000):
                         print("x" * 100)
@@ -126,6 +130,7 @@ LIARS = {
     "two-markers": "echo '%s{\"ok\": true, \"error_type\": \"\", \"error\": \"\"}'\n"
                    "echo '%s{\"ok\": false, \"error_type\": \"X\", \"error\": \"no\"}'" % (MARKER, MARKER),
     "wrong-types": "echo '%s{\"ok\": \"yes\", \"error_type\": 1, \"error\": []}'" % MARKER,
+    "ok-not-bool": "echo '%s{\"ok\": \"yes\", \"error_type\": \"\", \"error\": \"\"}'" % MARKER,
     "not-json": "echo '%s{ok: true'" % MARKER,
     "non-utf8": "printf '%s{\"ok\": false, \"error_type\": \"ValueError\", \"error\": \"bad \\\\udcff byte\"}\\n'\n"
                 "printf 'last \\377\\376 words\\n' >&2" % MARKER,
@@ -216,7 +221,13 @@ def test_a_refusal_of_several_lines_is_one_line_without_the_link_and_a_long_one_
 
 
 def test_the_check_runs_as_the_service_user_in_a_session_of_its_own_never_as_root(fake):
-    seen = json.loads(dry_run(vllm(fake), "--behave", "who")["refusal"])
+    # The module's root has supplementary groups (disk, shadow), which the check must not keep.
+    groups = os.getgroups()
+    os.setgroups([0, 6, 42])
+    try:
+        seen = json.loads(dry_run(vllm(fake), "--behave", "who")["refusal"])
+    finally:
+        os.setgroups(groups)
     assert (seen["uid"], seen["euid"], seen["gid"]) == (NOBODY, NOBODY, NOBODY)
     assert 0 not in seen["groups"] and set(seen["groups"]) <= {NOBODY}
     # nobody's home (/nonexistent) is not there: the check runs in /.
@@ -256,7 +267,7 @@ def test_a_secret_on_the_command_line_or_in_the_environment_is_refused_unshown(f
 @pytest.mark.parametrize("how", ["leak", "secret-said"])
 def test_a_secret_the_engine_prints_is_hidden(fake, how):
     result = dry_run(vllm(fake), "--behave", "leak") if how == "leak" else dry_run(liar(fake, how))
-    assert SECRET not in json.dumps(result)
+    assert SECRET not in json.dumps(result) and SECRET_URL not in json.dumps(result)
     assert "********" in (result["refusal"] or result["why_not_run"])
 
 
@@ -285,6 +296,8 @@ def test_the_timeout_kills_the_checks_whole_process_group(fake):
     ("no-marker", "the engine's Python exited with status 0 and its answer line is missing; its last words: some progress"),
     ("two-markers", "the engine's Python exited with status 0 and it printed 2 answer lines, not one"),
     ("wrong-types", "the engine's Python exited with status 0 and its answer line is not "
+                    "{ok: true or false, error_type: text, error: text}"),
+    ("ok-not-bool", "the engine's Python exited with status 0 and its answer line is not "
                     "{ok: true or false, error_type: text, error: text}"),
     ("not-json", "the engine's Python exited with status 0 and its answer line is not JSON"),
     ("non-utf8-no-marker", "the engine's Python exited with status 4 and its answer line is missing; "
