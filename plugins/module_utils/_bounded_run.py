@@ -13,11 +13,28 @@ _pyc_probe.run_bounded does for pycache_purge)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import signal
 import subprocess
 import time
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_parent():
+    """A preexec function: the child gets SIGKILL when this process dies (killed by a signal it cannot
+    catch, or a dropped connection), so the check never outlives the module that bounds it. Set after
+    the child's setuid (which clears it), before exec (which keeps it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec():
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the module died between the fork and here
+            os._exit(1)
+    return preexec
 
 
 def run_as_user(argv, data, entry, env, timeout, output_max):
@@ -36,7 +53,7 @@ def run_as_user(argv, data, entry, env, timeout, output_max):
     # process group; the check gets a session of its own, killed whole.
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # pylint: disable=ansible-bad-function
                             stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, close_fds=True,
-                            **as_user)
+                            preexec_fn=_dies_with_parent(), **as_user)
     deadline = time.monotonic() + timeout
     kept = {proc.stdout: b"", proc.stderr: b""}
     selector = selectors.DefaultSelector()

@@ -136,7 +136,8 @@ LIARS = {
                 "printf 'last \\377\\376 words\\n' >&2" % MARKER,
     "non-utf8-no-marker": "printf 'last \\377\\376 words\\n' >&2\nexit 4",
     "huge": "head -c 20000000 /dev/zero | tr '\\0' 'a'\nhead -c 20000000 /dev/zero | tr '\\0' 'b' >&2",
-    "tree": "sleep 300 &\necho $! > \"$(dirname \"$0\")/child.pid\"\nsleep 300",
+    "tree": "echo $$ > \"$(dirname \"$0\")/group.pid\"\nsleep 300 &\necho $! > \"$(dirname \"$0\")/child.pid\"\n"
+            "sleep 300",
     "secret-said": "echo 'failed with token %s' >&2\nexit 1" % SECRET,
 }
 
@@ -240,7 +241,7 @@ def test_the_check_runs_as_the_service_user_in_a_session_of_its_own_never_as_roo
     ("no-such-user-37", 'user "no-such-user-37" does not exist on the host: the check runs only as the server\'s user'),
 ])
 def test_root_and_a_missing_user_are_refused_in_one_sentence_before_anything_runs(fake, user, sentence):
-    result = dry_run(liar(fake, "tree"), user=user)
+    result = dry_run(liar(fake, "tree"), user=user, timeout=3)
     assert result["rc"] == 1 and result["failed"] and result["msg"] == sentence and not result["ran"]
     assert not (fake / "liar-tree" / "bin" / "child.pid").exists()
 
@@ -359,3 +360,32 @@ def test_a_model_whose_files_are_not_on_the_host_is_no_verdict(fake):
     assert result["why_not_run"] == ("the model's files are not on the host (not a directory, not in the Hugging Face "
                                      "cache) and the check downloads nothing: Invalid repository ID or local directory "
                                      "specified")
+
+
+def test_the_check_dies_with_the_module(fake):
+    """A module killed by a signal it cannot catch (SIGKILL: a timeout of its caller) takes the
+    engine's Python with it: the check never runs on unbounded."""
+    params = {"engine": "vllm", "argv": [str(liar(fake, "tree")), "serve", "m"], "user": "nobody", "timeout": 300}
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_module("inference_dry_run", params, timeout=3)
+    leader = None
+    for dummy in range(50):
+        leaders = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(
+            "/bin/sh %s" % (fake / "liar-tree" / "bin" / "python3"))]
+        leader = leaders[0] if leaders else None
+        if leader is None:
+            break
+        time.sleep(0.1)
+    assert leader is None, "the check %d outlived the module" % leader
+    # What the check started itself is left to the timeout of a module that lives: killed here.
+    try:
+        os.killpg(int((fake / "liar-tree" / "bin" / "group.pid").read_text()), 9)
+    except ProcessLookupError:
+        pass
+
+
+def _cmdline(proc_dir):
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
