@@ -51,7 +51,8 @@ class ActionModule(ControllerAction):
         try:
             flags = _engine_flags.EngineFlags(_engine_flags.load(
                 args["flag_dirs"], args["engine"], args["engine_version"],
-                host_version=args.get("host_engine_version", ""), host_problem=args.get("host_engine_problem", "")))
+                host_version=args.get("host_engine_version", ""), host_problem=args.get("host_engine_problem", ""),
+                unchecked=bool(args.get("engine_dry_run"))))
             built = _serve_command.build(args, flags)
             problems = inference_service_secret_problems(secrets, built)
         except (_engine_flags.FlagError, _serve_command.ServeConfigError) as exc:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import secret_values as _secret_values
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_check import engine_problem
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
     CONTROL, SECRET_MIN_CHARS, forms as _forms, inference_service_secret_problems, secret_masker, short_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
@@ -157,11 +158,18 @@ def inference_service_executable(variables: Mapping, engine: str) -> str:
                             "venv": variables.get("inference_service_venv")}, engine)
 
 
+def inference_service_engine_problem(dry_run, args):
+    """Why the engine's own check on the host (inference_dry_run's result) refuses the server whose
+    command line is `args` (inference_args' result): one sentence, "" when it does not."""
+    return engine_problem(dry_run, args)
+
+
 class FilterModule:
     """The inference_service role's checks."""
 
     def filters(self):
         return {"inference_service_problems": inference_service_problems,
                 "inference_service_executable": inference_service_executable,
+                "inference_service_engine_problem": inference_service_engine_problem,
                 "inference_service_plugin_args": inference_service_plugin_args,
                 "inference_service_secret_problems": inference_service_secret_problems}

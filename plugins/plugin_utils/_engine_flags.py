@@ -60,10 +60,15 @@ def flag_version(version: str, versions) -> str:
     return match.group("release") if match and match.group("release") in versions else ""
 
 
-def load(directories, engine: str, version: str, host_version: str = "", host_problem: str = "") -> dict:
+def load(directories, engine: str, version: str, host_version: str = "", host_problem: str = "",
+         unchecked: bool = False) -> dict:
     """The data of engine `version`, or else of `host_version` (what the host's engine said it
     is). There is no default: another version's flags pass lines this one refuses and refuse
-    lines it takes, so with neither version this refuses, naming the versions known."""
+    lines it takes, so with neither version this refuses, naming the versions known.
+
+    `unchecked` (the engine's own check on the host will decide: inference_service_engine_dry_run):
+    a version without data gets the newest known version's flag names to build its command line,
+    marked `unchecked` with that version, and the builder checks no flag against them."""
     versions = known_versions(directories).get(engine, {})
     if not versions:
         raise FlagError("no flag data for engine %r in %s" % (engine, ", ".join(d for d in directories if d)))
@@ -72,6 +77,12 @@ def load(directories, engine: str, version: str, host_version: str = "", host_pr
         raise FlagError("inference_service_engine_version is empty and the host's %s did not tell its version (%s); "
                         "set inference_service_engine_version to one of the versions known: %s"
                         % (engine, host_problem or "no answer", known))
+    wanted = version or host_version
+    if unchecked and wanted and not flag_version(wanted, versions):
+        newest = max(versions, key=version_key)
+        with open(versions[newest], encoding="utf-8") as handle:
+            data = json.load(handle)
+        return dict(data, version=wanted, unchecked=newest, named_version=wanted)
     if version and not flag_version(version, versions):
         raise FlagError("inference_service_engine_version %r: no flag data for %s %s; known versions: %s "
                         "(a new version is one data file made by tools/gen_flag_data.py)"

@@ -566,8 +566,9 @@ class _Builder:
         for position, option, entry, unknown in self.flags.options_in(items):
             if entry is None:
                 # Right after a secret's flag, or after a flag not known (a misspelled secret flag?), an
-                # item that reads as an option may be the secret ("-sk..."): not shown.
-                if position != secret_at:
+                # item that reads as an option may be the secret ("-sk..."): not shown. A version
+                # without flag data: another version's names decide nothing (the engine's check does).
+                if position != secret_at and not self.flags.data.get("unchecked"):
                     self.problem("%s: %s" % (where, unknown))
                 secret_at = position + 1
                 continue
@@ -821,7 +822,12 @@ def build(settings: dict, flags: EngineFlags) -> dict:
     secret_env = builder.secret_environment(env)
     args += secret_config.get("args", [])
     args += extra
-    if not builder.problems:
+    unchecked = flags.data.get("unchecked")
+    if unchecked:
+        builder.warnings.append("%s has no flag data: its command line is built with %s %s's flag names and not "
+                                "checked on the controller; the engine's own check on the host decides"
+                                % (flags.label, flags.engine, unchecked))
+    elif not builder.problems:
         try:
             flags.parse(args[len(flags.data.get("command", [])):])
         except FlagError as exc:
@@ -841,6 +847,8 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         "engine": flags.engine,
         "engine_version": flags.version,
         "engine_version_named": flags.named_version,
+        # Which check the flag data made: `passed`, or `no data` (the engine's own check decides).
+        "flag_data": "no data" if unchecked else "passed",
         "argv": argv,
         "command_line": " ".join(shlex.quote(word) for word in argv),
         "exec_start": exec_start,

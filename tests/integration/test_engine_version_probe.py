@@ -61,11 +61,19 @@ def validate(tmp_path: Path, *args, **variables) -> subprocess.CompletedProcess:
 
 
 def test_an_installed_version_without_data_is_refused_with_the_versions_known_in_check_mode(tmp_path):
+    """Without the engine's own check (issue 37) as before; with it, a server that runs as root gets no
+    check, and a version nothing checked is refused (tests/integration/test_engine_dry_run_play.py: served)."""
     venv = fake_engine(tmp_path, "vllm", "0.30.0")
-    proc = validate(tmp_path, "--check", inference_service_venv=str(venv))
+    proc = validate(tmp_path, "--check", inference_service_venv=str(venv), inference_service_engine_dry_run=False)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert ("inference_service: the host's vllm is version '0.30.0' (inference_service_engine_version is empty), "
             "which has no flag data; known versions: 0.31.0, 0.32.0, 0.33.0") in proc.stdout, proc.stdout[-3000:]
+    assert "checked with" not in proc.stdout
+    proc = validate(tmp_path, "--check", inference_service_venv=str(venv))
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert ("inference_service: on localhost, vLLM 0.30.0 has no flag data and its own check could not run (the server "
+            "runs as root (inference_service_user is empty) and the engine's code never runs as root for a check): "
+            "nothing checked the command line") in proc.stdout, proc.stdout[-3000:]
     assert "checked with" not in proc.stdout
 
 

@@ -56,7 +56,8 @@ def test_a_host_refused_before_anything_was_touched_says_why_once():
         result = inference_service_result({"args": ARGS, "gate": GATE}, "n", engine="vllm", unit="u",
                                           files_changed=True, failed_stage=stage, failed_result={"msg": "bad port"})
         assert result == {"host": "n", "engine": "vllm", "unit": "u", "status": "failed", "ok": False, "stage": stage,
-                          "changed": False, "reason": "bad port"}
+                          "changed": False, "reason": "bad port",
+                          "checks": {"flag_data": "passed", "engine": "not run: validation stopped before it"}}
         row = inference_service_report_row(result)
         # reset_and_serve.yml records the reason as node_reset's problem: the row does not say it again.
         assert not row["ok"] and row["problems"] == [] and row["service_ready_s"] == "-"
