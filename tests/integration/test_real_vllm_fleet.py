@@ -56,7 +56,6 @@ def _need_the_engine():
 def base_vars() -> dict:
     return {
         "inference_service_engine": "vllm",
-        "inference_service_engine_version": "0.32.0",  # TEMP until the label mapping lands
         "inference_service_executable": str(VLLM_VENV / "bin" / "vllm"),
         "inference_service_user": USER,
         "inference_service_model": str(TINY_MODELS / "tiny-llama"),
