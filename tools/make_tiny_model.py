@@ -16,6 +16,7 @@ Each directory is written under a temporary name and renamed when whole, so a ca
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -29,6 +30,7 @@ INTERMEDIATE = 256
 VOCAB = 1024
 CONTEXT = 2048
 SEED = 20261205
+AUX_LAYERS = tuple(range(LAYERS))
 
 
 def _training_text():
@@ -69,8 +71,9 @@ def write_target(out: Path) -> int:
 
 def write_eagle3(out: Path, target: Path, vocab: int) -> None:
     """A random EAGLE-3 head in the layout vLLM's llama_eagle3 loads (one `midlayer` whose
-    attention takes the embedding and the hidden state side by side, and `fc` folding three of
-    the target's hidden states into one); the target's tokenizer beside it."""
+    attention takes the embedding and the hidden state side by side, and `fc` folding the target's
+    hidden states before each of its layers into one: vLLM's default picks three layers by the
+    target's depth, which two layers do not have); the target's tokenizer beside it."""
     import torch
     from safetensors.torch import save_file
 
@@ -91,7 +94,7 @@ def write_eagle3(out: Path, target: Path, vocab: int) -> None:
         "midlayer.mlp.gate_proj.weight": random(INTERMEDIATE, HIDDEN),
         "midlayer.mlp.up_proj.weight": random(INTERMEDIATE, HIDDEN),
         "midlayer.mlp.down_proj.weight": random(HIDDEN, INTERMEDIATE),
-        "fc.weight": random(HIDDEN, 3 * HIDDEN),
+        "fc.weight": random(HIDDEN, len(AUX_LAYERS) * HIDDEN),
         "norm.weight": torch.ones(HIDDEN),
         "lm_head.weight": random(vocab, HIDDEN),
     }
@@ -103,6 +106,9 @@ def write_eagle3(out: Path, target: Path, vocab: int) -> None:
         "intermediate_size": INTERMEDIATE, "vocab_size": vocab, "draft_vocab_size": vocab,
         "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-6, "hidden_act": "silu",
         "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "float32",
+        # Read by the target's runner (which layers to hand over) and by the head (how many it folds).
+        "eagle_aux_hidden_state_layer_ids": list(AUX_LAYERS),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(AUX_LAYERS)},
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -122,9 +128,13 @@ def main(argv=None) -> int:
     parser.add_argument("out", type=Path, help="directory to write tiny-llama and tiny-llama-eagle3 under")
     args = parser.parse_args(argv)
     target, draft = args.out / "tiny-llama", args.out / "tiny-llama-eagle3"
-    if target.is_dir() and draft.is_dir():
+    # The models are this script's output: a changed script makes them again.
+    stamp = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    made = args.out / "made-by"
+    if target.is_dir() and draft.is_dir() and made.is_file() and made.read_text(encoding="ascii").strip() == stamp:
         print("%s and %s are there" % (target, draft))
         return 0
+    made.unlink(missing_ok=True)
     for path in (target, draft):
         shutil.rmtree(path, ignore_errors=True)
     partial = _fresh(target)
@@ -133,6 +143,7 @@ def main(argv=None) -> int:
     partial = _fresh(draft)
     write_eagle3(partial, target, vocab)
     partial.rename(draft)
+    made.write_text(stamp + "\n", encoding="ascii")
     print("made %s and %s (vocabulary %d)" % (target, draft, vocab))
     return 0
 
