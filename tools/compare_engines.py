@@ -10,7 +10,11 @@ For each engine venv that `make engine-venvs` built, the role's command builder
     value given to a switch, a value option left bare);
 and the engine judges the same command lines in its venv (tools/dump_engine_parser.py --verdicts:
 its real parser, and for vLLM a SpeculativeConfig built with the real class against a local
-config.json, offline). Where the role refused a line, the engine is given the line the builder
+config.json, offline). Each configuration of the corpus is judged by the engine's whole
+configuration build instead (issue 37: the program cleanslate.gpu.inference_dry_run sends the host,
+plugins/module_utils/_engine_dry_run.py: vLLM's serve parser, its validation and
+create_engine_config; SGLang's ServerArgs and check_server_args), one engine process per
+configuration, offline; --no-dry-run keeps the parser's verdict for them. Where the role refused a line, the engine is given the line the builder
 rendered before refusing it. The output lists, per engine version, the lines the engine takes and
 the role refuses, and the reverse.
 """
@@ -26,11 +30,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".ansible" / "collections"))
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils._engine_dry_run import MARKER  # noqa: E402
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _engine_flags, _serve_command  # noqa: E402
 
 FLAGS = REPO / "roles" / "inference_service" / "files" / "flags"
 CORPUS = REPO / "tests" / "fixtures" / "engine_corpus.json"
 DUMP = REPO / "tools" / "dump_engine_parser.py"
+DRY_RUN = REPO / "plugins" / "module_utils" / "_engine_dry_run.py"
+DRY_RUN_TIMEOUT = 600
 OWNED = "is set by the role"
 
 
@@ -113,6 +120,22 @@ def engine_verdicts(venv: Path, engine: str, cases: list, models: dict) -> list:
     return json.loads(proc.stdout)
 
 
+def dry_run_verdict(venv: Path, engine: str, args: list) -> tuple:
+    """(accepted, message) of the engine's own configuration build on `serve` + args, as the module's
+    program answers it (its marker line); a run without an answer raises SystemExit."""
+    request = {"engine": engine, "argv": list(args) if engine == "sglang" else ["serve"] + list(args)}
+    program = DRY_RUN.read_text(encoding="utf-8") + "\nmain(__import__('json').loads(%r))\n" % json.dumps(request)
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+           "HOME": tempfile.gettempdir()}
+    proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-"], input=program, capture_output=True, text=True,
+                          env=env, timeout=DRY_RUN_TIMEOUT, check=False, cwd="/")
+    answers = [line[len(MARKER):] for line in proc.stdout.splitlines() if line.startswith(MARKER)]
+    if len(answers) != 1:
+        raise SystemExit("%s: the dry run of %s gave no answer:\n%s" % (venv, " ".join(args), proc.stderr[-3000:]))
+    verdict = json.loads(answers[0])
+    return verdict["ok"], "%s: %s" % (verdict["error_type"], verdict["error"]) if not verdict["ok"] else ""
+
+
 def write_models(directory: Path, corpus_models: dict) -> dict:
     """The corpus's config.json files as local model directories (no download: HF_HUB_OFFLINE)."""
     paths = {}
@@ -124,11 +147,14 @@ def write_models(directory: Path, corpus_models: dict) -> dict:
     return paths
 
 
-def compare(venv: Path, corpus: dict, models: dict) -> dict:
+def compare(venv: Path, corpus: dict, models: dict, dry_run: bool = True) -> dict:
     engine, version = venv.name.split("-", 1)
     flags = _engine_flags.EngineFlags(_engine_flags.load([str(FLAGS)], engine, version))
     cases = cases_for(engine, version, corpus[engine], models, flags)
     verdicts = engine_verdicts(venv, engine, cases, models)
+    if dry_run:
+        verdicts = [dry_run_verdict(venv, engine, case["args"]) if case["kind"] == "configuration" else verdict
+                    for case, verdict in zip(cases, verdicts)]
     rows = {"label": "%s %s" % (engine, version), "cases": len(cases), "configurations": 0,
             "agree": 0, "engine_only": [], "role_only": []}
     for case, (accepted, message) in zip(cases, verdicts):
@@ -152,7 +178,9 @@ def render(results: list) -> str:
              "Made by `tools/compare_engines.py` (after `make engine-venvs`): the role's command builder renders each",
              "configuration of `tests/fixtures/engine_corpus.json` and, for every option the role does not own, a",
              "valid and an invalid value; the installed engine judges the same command line (its real parser, and",
-             "for vLLM its SpeculativeConfig class). Do not edit: run the tool.", "",
+             "for vLLM its SpeculativeConfig class; each configuration by the engine's whole configuration build,",
+             "the check cleanslate.gpu.inference_dry_run runs on the host: vLLM's create_engine_config, SGLang's",
+             "ServerArgs). Do not edit: run the tool.", "",
              "| engine | lines | configurations | agree | engine takes, role refuses | role takes, engine refuses |",
              "| --- | --- | --- | --- | --- | --- |"]
     for row in results:
@@ -170,6 +198,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=Path, default=REPO / "build" / "engines")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "engine_comparison.md")
+    parser.add_argument("--no-dry-run", action="store_true",
+                        help="judge the configurations by the parser and SpeculativeConfig only (no config build)")
     args = parser.parse_args(argv)
     venvs = sorted(path for path in args.engines.glob("*-*") if (path / "bin" / "python").exists()
                    and path.name.split("-")[0] in ("vllm", "sglang"))
@@ -178,7 +208,7 @@ def main(argv=None) -> int:
     corpus = json.loads(CORPUS.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as tmp:
         models = write_models(Path(tmp), corpus["models"])
-        results = [compare(venv, corpus, models) for venv in venvs]
+        results = [compare(venv, corpus, models, dry_run=not args.no_dry_run) for venv in venvs]
     args.out.write_text(render(results), encoding="utf-8")
     for row in results:
         print("%s: %d lines, %d agree, engine-only %d, role-only %d" % (
