@@ -152,7 +152,7 @@ def _instance_row(result: Mapping) -> dict:
 # Degraded, slow and unproven all serve without proof of serving well (an instance left running is
 # slow or unproven): one rank, below failed, above ready.
 SERVICE_RANK = {"failed": 0, "degraded": 1, "slow": 1, "unproven": 1}
-VERDICT_RANK = {"unhealthy": 0, "slow": 1, "unproven": 1}
+VERDICT_RANK = {"unhealthy": 0, "hung": 0, "slow": 1, "unproven": 1, "loading": 1}
 
 
 def inference_service_host_result(results, host):

@@ -351,8 +351,15 @@ SETTINGS = (
             range=Range(minimum=0, maximum=604800, unit='seconds', whole=True, note='a week'),
             passes=(Pass(GATE, 'timeout', description=(
                 'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
-                'module itself waits at most O(progress_interval) per call.',)),),
-            description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',)),
+                'module itself waits at most O(progress_interval) per call.',
+                'With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started '
+                'less than this ago, whose main process lives and whose port refuses connections is RV(verdict) '
+                'V(loading), not V(unhealthy).',)),
+                    Pass(PROBE, 'timeout')),
+            description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',
+                         "The assessment of C(reset_and_serve.yml) calls a unit that started less than this ago, whose main "
+                         "process lives and whose port refuses connections, C(loading): it is not reset, and the gate waits "
+                         "for it.",)),
     Setting('health_timeout',
             'float',
             default=0,

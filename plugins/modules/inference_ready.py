@@ -134,6 +134,8 @@ options:
   baseline:
     description:
       - Internal, set by the action plugin - the unit's C(InvocationID) and C(NRestarts) when the wait began.
+      - C(gate.yml) passes the assessment's invocation of a server the look saw V(loading) and this run did not
+        restart, so that the gate waits for that very load (a new invocation fails it).
     type: dict
     default: {}
   with_journal:
@@ -172,6 +174,8 @@ options:
     description:
       - Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the module itself
         waits at most O(progress_interval) per call.
+      - With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started less than
+        this ago, whose main process lives and whose port refuses connections is RV(verdict) V(loading), not V(unhealthy).
     type: int
     default: 3600
   health_timeout:
@@ -291,10 +295,31 @@ verdict:
       answered, healthy or slow, but the listener cannot be attributed to O(unit), since the descriptors of a
       process that may hold it cannot be read; no holder is proven foreign) or V(unhealthy) (connection refused,
       an HTTP error status, the unit down, another process on the port). Only an unhealthy server needs a reset.
+    - With O(mode=probe) and O(unit), also V(loading) - the unit's current invocation started less than O(timeout)
+      seconds ago (C(ExecMainStartTimestampMonotonic)), its main process lives (C(MainPID) not 0, the process there),
+      it is active or activating but not waiting to restart (C(auto-restart)), and its port refused the connection on
+      both looks - neither engine listens before its model is loaded, so this is a load in progress (systemd's own
+      C(Restart=on-failure) after a crash), not a dead server. RV(healthy) is false, RV(needs_reset) false. Past
+      O(timeout), or with its main process gone, the same refusals are V(unhealthy).
   returned: always
   type: str
   sample: healthy
   version_added: 0.2.0
+needs_reset:
+  description:
+    - Whether the server needs a reset (O(mode=probe)) - true for RV(verdict) V(unhealthy), false for every other
+      verdict, V(loading) included. C(reset_and_serve.yml) resets only a server whose look says true (the role's
+      assessment's C(healthy) is its negation).
+  returned: in probe mode
+  type: bool
+  sample: false
+  version_added: 0.3.0
+loading_s:
+  description: Seconds since the loading unit's current invocation started (RV(verdict) V(loading)).
+  returned: when the probe's verdict is V(loading)
+  type: float
+  sample: 14.2
+  version_added: 0.3.0
 last_seen:
   description:
     - What the last look saw, in words, for example C(connection refused), C(/health HTTP 503), C(HTTP 200) or
@@ -409,7 +434,7 @@ from urllib.parse import urlsplit
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
-from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs, _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._engines import ENGINES
 from ansible_collections.cleanslate.gpu.plugins.module_utils._exposition import ExpositionError, parse as parse_exposition
 from ansible_collections.cleanslate.gpu.plugins.module_utils._listeners import listeners
@@ -467,6 +492,8 @@ SHOWN_PIDS = 12
 # What a server this run did not start may be, besides healthy, and be left running (never reset
 # for it, reset_and_serve.yml): the gate reports it at once rather than waiting for the deadline.
 LEFT_RUNNING = ("slow", "unproven")
+# The probe's verdicts that reset_and_serve.yml resets (RV(needs_reset)); every other one is left running.
+NEEDS_RESET = ("unhealthy",)
 
 
 HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
@@ -744,16 +771,49 @@ def left_running_reason(params, verdict, seen):
     return "%s; this run did not start unit %s and left it running" % (seen, params["unit"])
 
 
+def main_pid_alive(state):
+    """The unit's main pid, when systemd names one (not 0) and that process lives; else None."""
+    pid = int(state.get("MainPID") or 0) if (state.get("MainPID") or "0").isdigit() else 0
+    return pid if pid > 0 and _procs.alive(pid, unreadable=True) else None
+
+
+def loading(params, state, now):
+    """(seconds since the unit's current invocation started, its main pid) when it may be loading
+    the model: its main process lives (MainPID not 0, alive), it is active or activating but not
+    waiting to restart (auto-restart), and it started less than `timeout` (the gate's own start
+    deadline, inference_service_ready_timeout) ago; else None. Neither engine listens before its
+    model is loaded, so such a unit refuses connections for minutes: that is no crash."""
+    if not params["unit"] or state.get("ActiveState") not in ("active", "activating") \
+            or state.get("SubState") == "auto-restart":
+        return None
+    pid = main_pid_alive(state)
+    started_us = int(state.get("ExecMainStartTimestampMonotonic") or 0) \
+        if (state.get("ExecMainStartTimestampMonotonic") or "0").isdigit() else 0
+    if pid is None or started_us <= 0:
+        return None
+    age = now - started_us / 1e6
+    return (age, pid) if 0 <= age < params["timeout"] else None
+
+
+def loading_seen(params, age, pid, seen):
+    """last_seen of a loading server: how long ago its invocation started, first (the report's note
+    reads "server loading (started N s ago, ...)")."""
+    return ("started %d s ago, main pid %d alive, %s: the model is loading (the unit started within "
+            "inference_service_ready_timeout, %d s)" % (age, pid, seen, params["timeout"]))
+
+
 def look(module, params):
     """Probe mode: is the unit running and does the server answer? A second look, after
-    poll_interval, before any verdict but healthy: slow means slow on both looks."""
+    poll_interval, before any verdict but healthy: slow means slow on both looks. A unit whose
+    current invocation started within `timeout` and whose main process lives, refusing
+    connections on both looks, is loading (LOADING_REFUSALS), not unhealthy."""
     result = {"changed": False, "polls": 0}
     if params["unit"]:
         state = unit_state(module, params["unit"])
         result["unit"] = state
-        if state["ActiveState"] != "active":
+        if state["ActiveState"] != "active" and loading(params, state, time.monotonic()) is None:
             died = death(state, {}) or "is %s (%s)" % (state["ActiveState"], state["SubState"])
-            return dict(result, state="unhealthy", healthy=False, verdict="unhealthy",
+            return dict(result, state="unhealthy", healthy=False, verdict="unhealthy", needs_reset=True,
                         last_seen="unit %s %s" % (params["unit"], died))
     looks = []
     while len(looks) < 2 and (not looks or looks[-1][0] != "healthy"):
@@ -764,6 +824,15 @@ def look(module, params):
     verdict, seen = looks[-1]
     if verdict == "slow" and looks[0][0] != "slow":
         verdict = "unhealthy"  # it refused or failed a moment ago: not a server that is merely busy
+    if params["unit"] and all(one == ("unhealthy", "connection refused") for one in looks):
+        # Read again: the unit may have died between the first read and the refusals.
+        state = unit_state(module, params["unit"])
+        result["unit"] = state
+        since = loading(params, state, time.monotonic())
+        if since is not None:
+            return dict(result, polls=len(looks), state="unhealthy", healthy=False, verdict="loading",
+                        needs_reset=False, last_seen=loading_seen(params, since[0], since[1], seen),
+                        loading_s=round(since[0], 1))
     if verdict != "unhealthy" and params["unit"]:  # something answers: is it the unit?
         foreign, holder, unproven = port_problem(params["port"], params["unit"], result["unit"]["ControlGroup"],
                                                  listeners(params["port"]))
@@ -776,7 +845,7 @@ def look(module, params):
     if healthy:
         result["healthy_monotonic"] = round(seen_at, 3)
     return dict(result, polls=len(looks), state="ready" if healthy else "unhealthy", healthy=healthy,
-                verdict=verdict, last_seen=seen)
+                verdict=verdict, last_seen=seen, needs_reset=verdict in NEEDS_RESET)
 
 
 def excerpt(body, mask, limit=300):
