@@ -94,7 +94,8 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
         # The gate registers its result even when it fails: a degraded host keeps its measurements.
         result.update(status="degraded" if failed_result.get("status") == "degraded" else "failed", ok=False,
                       stage=str(failed_stage), reason=str(failed_result.get("msg") or "failed"),
-                      journal=list(failed_result.get("journal") or []))
+                      journal=list(failed_result.get("journal") or []),
+                      journal_errors=list(failed_result.get("journal_errors") or []))
         return result
     result["ok"] = True
     if check_mode:

@@ -29,6 +29,9 @@ description:
   - With O(unit), after the smoke test the unit must still run the same invocation, active, at least O(stable_s)
     seconds after the server first answered. Every failure with O(unit) returns the journal lines of the invocation
     that was gated only (its C(InvocationID)), not of earlier runs.
+  - A failure names the cause first - the error lines among the invocation's last 2000 journal lines (RV(journal_errors)),
+    then its last O(journal_lines) lines (RV(journal)), since an engine that dies at start logs its cause above a
+    traceback of its own API server that fills the tail.
   - Once healthy, checks that C(/v1/models) lists O(served_name), sends O(completions) real completions (with
     O(api_key) when set) and, with O(speculative), reads the acceptance rate and mean acceptance length from
     C(/metrics) (vLLM C(vllm:spec_decode_num_accepted_tokens_total) / C(vllm:spec_decode_num_draft_tokens_total);
@@ -420,6 +423,20 @@ journal:
   type: list
   elements: str
   sample: ["torch.OutOfMemoryError: CUDA out of memory.", "inference-server.service: Main process exited, code=exited, status=1/FAILURE"]
+journal_errors:
+  description:
+    - The error lines of the same invocation, among its last 2000 journal lines, in their order, each once (compared
+      without the process, level and time prefixes), at most 10, each masked, then cut to 500 characters - vLLM's
+      C(ERROR) records (C(\(EngineCore_DP0 pid=123\) ERROR 12-05 09:41:02 [core.py:700] ...)) without the traceback
+      frames they carry, uvicorn's C(ERROR:), the exception line that ends each traceback (C(SomethingError) and its
+      message), SGLang's C(Scheduler hit an exception) line. A failure's message puts them first (after C(the cause,
+      from the journal)), the tail (RV(journal)) after. Only matched, never run or templated.
+  returned: with RV(journal)
+  type: list
+  elements: str
+  sample: ["(EngineCore_DP0 pid=2345) ERROR 12-05 09:41:02 [core.py:708] RuntimeError: No working C++ compiler found",
+           "(APIServer pid=2300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]
+  version_added: 0.3.0
 """
 
 import ipaddress
@@ -486,6 +503,26 @@ ANSWER_MAX_BYTES = 1024 * 1024
 SHOWN_MODELS = 12
 SHOWN_MODEL_CHARS = 100
 JOURNAL_LINE_CHARS = 2000
+# The error lines a failure names first: read among the invocation's last JOURNAL_READ_LINES lines
+# (a traceback of the API server alone is some 60 lines), at most JOURNAL_ERRORS of them, each cut
+# to JOURNAL_ERROR_CHARS; a line is matched on its first JOURNAL_MATCH_CHARS characters.
+JOURNAL_READ_LINES = 2000
+JOURNAL_ERRORS = 10
+JOURNAL_ERROR_CHARS = 500
+JOURNAL_MATCH_CHARS = 4096
+# What comes before a log record's message: vLLM's child process ("(EngineCore_DP0 pid=123) "),
+# SGLang's time and rank ("[2025-12-05 09:41:02 TP0] "); then vLLM's level, date, time and place.
+LOG_PREFIX = re.compile(r"^(?:\([^()\s]{1,100} pid=\d{1,10}\)\s*|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]{0,100}\]\s*)")
+VLLM_LEVEL = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?"
+                        r"(?: \[[^\]]{0,200}\])? ?")
+# A traceback's own lines, which vLLM's ERROR records carry one a line: no cause in them.
+TRACEBACK_FRAME = re.compile(r"^(?:\s|$|\^|~|Traceback \(most recent call last\)|During handling of the above "
+                             r"exception|The above exception was the direct cause)")
+# A traceback's last line: the exception's (dotted) class name and its message.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?$")
+UVICORN_ERROR = re.compile(r"^(?:ERROR|CRITICAL):\s")
+# SGLang's processes' last words ("Scheduler hit an exception: Traceback ...", the detokenizer's alike).
+CAUSE_MARKERS = ("hit an exception",)
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 # How many unreadable pids a sentence names before it says "and N more".
 SHOWN_PIDS = 12
@@ -558,15 +595,59 @@ def journal_argv(unit, invocation_id, lines):
 
 
 def journal(module, params, invocation_id, mask):
-    """The gated invocation's last journal_lines lines, masked, each cut to JOURNAL_LINE_CHARS
-    (masked before it is cut, so that no piece of a secret is left at the cut)."""
+    """{"journal": the gated invocation's last journal_lines lines, "journal_errors": its error lines
+    (error_lines) among its last JOURNAL_READ_LINES}, masked, each cut (JOURNAL_LINE_CHARS,
+    JOURNAL_ERROR_CHARS; masked before it is cut, so that no piece of a secret is left at the cut)."""
     # The engine's last words (its traceback, on stderr) travel through a stdout stream that
     # journald may not have read yet when PID 1's "Main process exited" is already there: a sync
     # waits for the streams' data written before it (systemd 246+). Best effort: root only.
     module.run_command(["journalctl", "--sync"])
     lines = params["journal_lines"]
-    rc, out, dummy = module.run_command(journal_argv(params["unit"], invocation_id, lines))
-    return [cut(mask(line), JOURNAL_LINE_CHARS) for line in out.splitlines()[-lines:]] if rc == 0 else []
+    # The cause is often far above the tail: vLLM's API server prints its own traceback after the
+    # EngineCore process's error. At most JOURNAL_READ_LINES lines are read, each at most journald's
+    # LineMax (48 KiB by default: it splits longer ones).
+    read = max(lines, JOURNAL_READ_LINES)
+    rc, out, dummy = module.run_command(journal_argv(params["unit"], invocation_id, read))
+    if rc != 0:
+        return {"journal": [], "journal_errors": []}
+    read_lines = out.splitlines()[-read:]
+    return {"journal": [cut(mask(line), JOURNAL_LINE_CHARS) for line in read_lines[-lines:]],
+            "journal_errors": [cut(mask(line), JOURNAL_ERROR_CHARS) for line in error_lines(read_lines)]}
+
+
+def error_lines(lines, limit=None):
+    """The lines of an engine's log that name an error, in their order, each once (its message
+    without the process, level and time prefixes compared), at most `limit` (JOURNAL_ERRORS):
+    vLLM's ERROR records (``(EngineCore_DP0 pid=123) ERROR 12-05 09:41:02 [core.py:700] ...``,
+    ``ERROR 12-05 ...``) but the traceback frames they carry, uvicorn's ``ERROR:``, every
+    exception line of a traceback (``SomethingError: message``, ``Exception: ...``: the last line
+    of each block), and SGLang's ``Scheduler hit an exception: ...``. The lines are the engine's
+    words, untrusted: only matched, never run or templated."""
+    limit = JOURNAL_ERRORS if limit is None else limit
+    picked, seen = [], set()
+    for line in lines:
+        message = LOG_PREFIX.sub("", line[:JOURNAL_MATCH_CHARS], count=1)
+        level = VLLM_LEVEL.match(message)
+        if level:
+            message = message[level.end():]
+        if level:  # a record of a level: an error record but the traceback frames it carries
+            error = level.group("level") in ("ERROR", "CRITICAL") and not TRACEBACK_FRAME.match(message)
+        else:
+            error = bool(EXCEPTION_LINE.match(message) or UVICORN_ERROR.match(message)
+                         or any(marker in message for marker in CAUSE_MARKERS))
+        key = message.strip()
+        if error and key and key not in seen:
+            seen.add(key)
+            picked.append(line)
+            if len(picked) >= limit:
+                break
+    return picked
+
+
+def journal_text(found, heading):
+    """A failure's journal part: the error lines first (the cause), then the tail under heading."""
+    cause = "the cause, from the journal:\n%s\n" % "\n".join(found["journal_errors"]) if found["journal_errors"] else ""
+    return "%s%s:\n%s" % (cause, heading, "\n".join(found["journal"]) or "(none)")
 
 
 def cut(text, limit):
@@ -736,10 +817,10 @@ def wait_healthy(module, params, baseline, mask):
                 baseline = {"invocation_id": state["InvocationID"], "n_restarts": int(state["NRestarts"] or 0)}
             died = death(state, baseline)
             if died:
-                lines = journal(module, params, baseline.get("invocation_id", ""), mask)
-                raise GateError("unit %s %s while waiting for the server; its last journal lines:\n%s"
-                                % (params["unit"], died, "\n".join(lines) or "(none)"),
-                                unit=state, journal=lines, baseline=baseline, polls=polls)
+                found = journal(module, params, baseline.get("invocation_id", ""), mask)
+                raise GateError("unit %s %s while waiting for the server; %s"
+                                % (params["unit"], died, journal_text(found, "its last journal lines")),
+                                unit=state, baseline=baseline, polls=polls, **found)
             if healthy:  # the answer counts only if it comes from the unit
                 foreign, holder, unproven = port_problem(params["port"], params["unit"], state["ControlGroup"],
                                                          listeners(params["port"]))
@@ -1079,16 +1160,18 @@ def stay(module, params, baseline, since, result, mask):
         if verdict != "healthy":
             why = "stopped answering after it first did (%s)" % seen
     if why:
-        lines = journal(module, params, baseline.get("invocation_id", ""), mask)
-        raise GateError("unit %s %s after the server answered; the journal lines of the invocation that answered:\n%s"
-                        % (params["unit"], why, "\n".join(lines) or "(none)"), journal=lines)
+        found = journal(module, params, baseline.get("invocation_id", ""), mask)
+        raise GateError("unit %s %s after the server answered; %s"
+                        % (params["unit"], why, journal_text(found, "the journal lines of the invocation that answered")),
+                        **found)
 
 
 def unit_after_failure(module, params, result, mask):
     """What the unit did, for a failure that is not about the unit (a completion that got no
     answer): its state, into the message, and the gated invocation's journal, into result."""
     baseline = result.get("baseline") or params["baseline"] or {}
-    result["journal"] = journal(module, params, baseline.get("invocation_id", ""), mask)
+    found = journal(module, params, baseline.get("invocation_id", ""), mask)
+    result.update(found)
     said = ""
     try:
         state = unit_state(module, params["unit"])
@@ -1098,8 +1181,8 @@ def unit_after_failure(module, params, result, mask):
             said = "; unit %s %s" % (params["unit"], why)
     except GateError:
         pass  # systemd does not answer: the failure already says what the server did
-    return said + ("; the journal lines of the gated invocation:\n%s" % "\n".join(result["journal"])
-                   if result["journal"] else "")
+    return said + ("; " + journal_text(found, "the journal lines of the gated invocation")
+                   if found["journal"] or found["journal_errors"] else "")
 
 
 def healthy_seen_problems(seen):
@@ -1157,7 +1240,7 @@ def main():
         if not healthy:
             result["state"] = "waiting"
             if params["with_journal"] and params["unit"]:
-                result["journal"] = journal(module, params, baseline.get("invocation_id", ""), mask)
+                result.update(journal(module, params, baseline.get("invocation_id", ""), mask))
             module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
         started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
