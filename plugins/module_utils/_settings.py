@@ -375,6 +375,21 @@ SETTINGS = (
                          "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
                          'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
                          'C(reset_and_serve.yml) never resets it (unless C(fleet_force_reset)), and the report says slow.',)),
+    Setting('hung_after',
+            'float',
+            default=20,
+            range=Range(above=0, maximum=3600, unit='seconds'),
+            passes=(Pass(PROBE, version_added='0.3.0', description=(
+                'With O(mode=probe), once the health endpoints answered 200 - seconds one real 1-token completion (of '
+                'O(served_name), with O(api_key)) may take before the server is told apart as V(busy) or V(hung). '
+                'C(/metrics) is read before and after it (each read within the lesser of this and the health '
+                'timeout); no answer in time and no token generated (nor request finished) between the two reads is '
+                'RV(verdict) V(hung), tokens generated meanwhile V(busy). A server without those metrics is judged by '
+                'the deadline alone, and RV(last_seen) says so.',)),),
+            description=("Seconds the assessment's real 1-token completion may take once C(/health) answered 200. No "
+                         "answer in time and no token generated meanwhile (the engine's C(/metrics), read before and "
+                         "after) is C(hung), which C(reset_and_serve.yml) resets like C(unhealthy) (vLLM's EngineCore "
+                         "stopped keeps C(/health) at 200); tokens generated meanwhile is C(busy), left running.",)),
     Setting('stable_s',
             'float',
             default=5,
@@ -409,8 +424,10 @@ SETTINGS = (
     Setting('smoke_prompt',
             'str',
             default='The capital of France is',
-            passes=(Pass(GATE, 'prompt', description=('The prompt of the smoke completions.',)),),
-            description=('The prompt of the smoke completions.',)),
+            passes=(Pass(GATE, 'prompt', description=(
+                'The prompt of the smoke completions, and of the 1-token completion of O(mode=probe).',)),
+                    Pass(PROBE, 'prompt')),
+            description=("The prompt of the smoke completions, and of the assessment's 1-token completion.",)),
     Setting('smoke_max_tokens',
             'int',
             default=16,
