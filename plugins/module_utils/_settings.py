@@ -355,10 +355,10 @@ SETTINGS = (
                 'With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started '
                 'less than this ago, whose main process lives and whose port refuses connections is RV(verdict) '
                 'V(loading), not V(unhealthy).',)),
-                    Pass(PROBE, 'timeout')),
+                Pass(PROBE, 'timeout')),
             description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',
                          "The assessment of C(reset_and_serve.yml) calls a unit that started less than this ago, whose main "
-                         "process lives and whose port refuses connections, C(loading): it is not reset, and the gate waits "
+                         "process lives and whose port refuses connections, C(loading), which is not reset; the gate waits "
                          "for it.",)),
     Setting('health_timeout',
             'float',
@@ -426,7 +426,7 @@ SETTINGS = (
             default='The capital of France is',
             passes=(Pass(GATE, 'prompt', description=(
                 'The prompt of the smoke completions, and of the 1-token completion of O(mode=probe).',)),
-                    Pass(PROBE, 'prompt')),
+                Pass(PROBE, 'prompt')),
             description=("The prompt of the smoke completions, and of the assessment's 1-token completion.",)),
     Setting('smoke_max_tokens',
             'int',
