@@ -378,7 +378,7 @@ SETTINGS = (
     Setting('hung_after',
             'float',
             default=20,
-            range=Range(above=0, maximum=3600, unit='seconds'),
+            range=Range(minimum=0.1, maximum=3600, unit='seconds'),
             passes=(Pass(PROBE, version_added='0.3.0', description=(
                 'With O(mode=probe), once the health endpoints answered 200 - seconds one real 1-token completion (of '
                 'O(served_name), with O(api_key)) may take before the server is told apart as V(busy) or V(hung). '
