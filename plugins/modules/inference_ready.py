@@ -317,10 +317,9 @@ verdict:
       an HTTP error status, the unit down, another process on the port). Only an unhealthy server needs a reset.
     - With O(mode=probe), V(busy) or V(hung) for a server whose health endpoints answered 200 but whose real 1-token
       completion got no answer within O(hung_after) - V(busy) when the engine's C(/metrics) show tokens generated (or
-      requests finished) between a read before and one after it (vLLM C(vllm:generation_tokens_total),
-      C(vllm:request_success_total); SGLang C(sglang:generation_tokens_total), C(sglang:num_requests_total), else
-      C(sglang:gen_throughput) above 0), V(hung) when they show none or the server exposes none of them (RV(last_seen)
-      says so). V(busy) is healthy; V(hung) is not, and needs a reset (RV(needs_reset)) - a vLLM whose EngineCore
+      requests finished) between a read before and one after it (the counters of docs/inference_service.md's engine
+      table, labelled with O(served_name); with no counter, a throughput gauge above 0), V(hung) when they show none or
+      the server exposes none of them (RV(last_seen) says so). V(busy) is healthy; V(hung) is not, and needs a reset (RV(needs_reset)) - a vLLM whose EngineCore
       process is stopped keeps C(/health) at 200 while no completion returns.
     - With O(mode=probe) and O(unit), also V(loading) - the unit's current invocation started less than O(timeout)
       seconds ago (C(ExecMainStartTimestampMonotonic)), its main process lives (C(MainPID) not 0, the process there),
