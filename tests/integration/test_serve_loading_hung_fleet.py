@@ -9,6 +9,7 @@ healthy and left it so. The stand-in's fault file (read at each start) makes the
 for a minute, or hang its completions (hung_engine)."""
 from __future__ import annotations
 
+import json
 import time
 
 from tests.integration.fleet.reports import rows_by_host
@@ -56,16 +57,18 @@ def test_a_server_whose_health_answers_but_that_generates_nothing_is_hung_and_re
     fleet = served.fleet
     served.fault("node3", fault="hung_engine")
     fleet.run("node3", ["systemctl", "restart", UNIT])
-    served.fault("node3")  # its next start (the reset's) serves again
     try:
-        served.wait_health("node3", timeout=60)
+        served.wait_health("node3", timeout=60)  # the stand-in read its fault file when it started
+        served.fault("node3")  # its next start (the reset's) serves again
         hung = main_pid(served, "node3", UNIT)
+        status, body = served.get("node3", "/sim/state")
+        assert status == 200 and json.loads(body)["settings"]["fault"] == "hung_engine", body
         served.vars["node3"]["inference_service_hung_after"] = 3
         proc, report = served.play(limit="node3")
         assert proc.returncode == 0, proc.stdout[-6000:]
         row = rows_by_host(report)["node3"]
         # Reset: the steps ran, the hung server's processes were stopped, a new one serves.
-        assert row["seconds_per_step"] != {}, row
+        assert "no reset" not in row.get("note", "") and row["seconds_per_step"] != {}, row
         assert main_pid(served, "node3", UNIT) not in (0, hung)
         assert row["service"]["status"] == "ready", row["service"]
     finally:
