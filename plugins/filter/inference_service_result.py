@@ -110,7 +110,8 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
         # The gate registers its result even when it fails: a degraded host keeps its measurements.
         result.update(status="degraded" if failed_result.get("status") == "degraded" else "failed", ok=False,
                       stage=str(failed_stage), reason=str(failed_result.get("msg") or "failed"),
-                      journal=list(failed_result.get("journal") or []))
+                      journal=list(failed_result.get("journal") or []),
+                      journal_errors=list(failed_result.get("journal_errors") or []))
         return result
     result["ok"] = True
     if check_mode:
@@ -176,7 +177,7 @@ def _instance_row(result: Mapping) -> dict:
 # Degraded, slow and unproven all serve without proof of serving well (an instance left running is
 # slow or unproven): one rank, below failed, above ready.
 SERVICE_RANK = {"failed": 0, "degraded": 1, "slow": 1, "unproven": 1}
-VERDICT_RANK = {"unhealthy": 0, "slow": 1, "unproven": 1}
+VERDICT_RANK = {"unhealthy": 0, "hung": 0, "slow": 1, "unproven": 1, "loading": 1}
 
 
 def inference_service_host_result(results, host):

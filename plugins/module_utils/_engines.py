@@ -8,7 +8,7 @@ once. Private to this collection.
 
 Read by the command builder (plugin_utils/_serve_command.py: how secrets reach the engine, the
 speculative dialect; which flag carries each setting is the setting's, module_utils/_settings.py), the readiness gate (modules/inference_ready.py:
-health paths, health timeout, metric names), the host look (modules/inference_host.py: the
+health paths, health timeout, metric names, the activity metrics of the probe's hang check), the host look (modules/inference_host.py: the
 distributions whose version is read), the argument specs of inference_args and
 inference_ready (their choices, documented by tools/gen_serve_settings.py from the settings' table),
 and tools/gen_engine_docs.py, which writes the engine list into inference_host's documented choices
@@ -45,6 +45,12 @@ ENGINES = {
                     "drafts": "vllm:spec_decode_num_drafts",
                     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
                     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens"},
+        # /metrics that tell a busy engine from a hung one (the probe, between two reads around a 1-token
+        # completion): counters of generated tokens and finished requests (exposed with _total), the
+        # running and waiting requests' gauges, a throughput gauge (None: none), labelled with model_label.
+        "activity": {"tokens": "vllm:generation_tokens", "finished": "vllm:request_success",
+                     "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+                     "throughput": None},
     },
     "sglang": {
         "label": "SGLang",
@@ -60,6 +66,10 @@ ENGINES = {
         "health_timeout_s": 30.0,
         "metrics": {"kind": "gauges", "model_label": "model_name", "rate": "sglang:spec_accept_rate",
                     "length": "sglang:spec_accept_length"},
+        # Only with --enable-metrics (the role always gives it); gen_throughput is the last logged window's.
+        "activity": {"tokens": "sglang:generation_tokens", "finished": "sglang:num_requests",
+                     "running": "sglang:num_running_reqs", "waiting": "sglang:num_queue_reqs",
+                     "throughput": "sglang:gen_throughput"},
     },
 }
 

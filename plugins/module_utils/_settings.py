@@ -376,8 +376,15 @@ SETTINGS = (
             range=Range(minimum=0, maximum=604800, unit='seconds', whole=True, note='a week'),
             passes=(Pass(GATE, 'timeout', description=(
                 'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
-                'module itself waits at most O(progress_interval) per call.',)),),
-            description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',)),
+                'module itself waits at most O(progress_interval) per call.',
+                'With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started '
+                'less than this ago, whose main process lives and whose port refuses connections is RV(verdict) '
+                'V(loading), not V(unhealthy).',)),
+                Pass(PROBE, 'timeout')),
+            description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',
+                         "The assessment of C(reset_and_serve.yml) calls a unit that started less than this ago, whose main "
+                         "process lives and whose port refuses connections, C(loading), which is not reset; the gate waits "
+                         "for it.",)),
     Setting('health_timeout',
             'float',
             default=0,
@@ -393,6 +400,21 @@ SETTINGS = (
                          "engine table; SGLang's C(/health) runs a one-token generation, up to 20 s under load).",
                          'A server that accepts the connection but answers later than this on two looks is C(slow), not dead; '
                          'C(reset_and_serve.yml) never resets it (unless C(fleet_force_reset)), and the report says slow.',)),
+    Setting('hung_after',
+            'float',
+            default=20,
+            range=Range(minimum=0.1, maximum=3600, unit='seconds'),
+            passes=(Pass(PROBE, version_added='0.3.0', description=(
+                'With O(mode=probe), once the health endpoints answered 200 - seconds one real 1-token completion (of '
+                'O(served_name), with O(api_key)) may take before the server is told apart as V(busy) or V(hung). '
+                'C(/metrics) is read before and after it (each read within the lesser of this and the health '
+                'timeout); no answer in time and no token generated (nor request finished) between the two reads is '
+                'RV(verdict) V(hung), tokens generated meanwhile V(busy). A server without those metrics is judged by '
+                'the deadline alone, and RV(last_seen) says so.',)),),
+            description=("Seconds the assessment's real 1-token completion may take once C(/health) answered 200. No "
+                         "answer in time and no token generated meanwhile (the engine's C(/metrics), read before and "
+                         "after) is C(hung), which C(reset_and_serve.yml) resets like C(unhealthy) (vLLM's EngineCore "
+                         "stopped keeps C(/health) at 200); tokens generated meanwhile is C(busy), left running.",)),
     Setting('stable_s',
             'float',
             default=5,
@@ -427,8 +449,10 @@ SETTINGS = (
     Setting('smoke_prompt',
             'str',
             default='The capital of France is',
-            passes=(Pass(GATE, 'prompt', description=('The prompt of the smoke completions.',)),),
-            description=('The prompt of the smoke completions.',)),
+            passes=(Pass(GATE, 'prompt', description=(
+                'The prompt of the smoke completions, and of the 1-token completion of O(mode=probe).',)),
+                Pass(PROBE, 'prompt')),
+            description=("The prompt of the smoke completions, and of the assessment's 1-token completion.",)),
     Setting('smoke_max_tokens',
             'int',
             default=16,

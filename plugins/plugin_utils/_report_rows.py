@@ -237,8 +237,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
     row["tmp_leftovers"] = tmp_leftovers(steps, read_only)
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
-    # Why nothing was done: reset_and_serve.yml's "server slow (...): no reset" tells a busy
-    # server that was left running apart from a dead one.
+    # Why nothing was done, or why the reset was: reset_and_serve.yml's "server slow (...): no reset"
+    # tells a busy server that was left running apart from a dead one, "server hung (...): reset" why
+    # a server that answered /health was reset.
     if result.get("note"):
         row["note"] = str(result["note"])
     if read_only:

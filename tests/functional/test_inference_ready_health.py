@@ -40,7 +40,8 @@ def test_vllm_answering_health_in_6_s_is_healthy_with_the_default_timeout():
     with fake_engine({"/health": {"delay": 6}}) as port:
         result = look(port)
     assert result["rc"] == 0 and result["verdict"] == "healthy" and result["healthy"] is True, result
-    assert result["last_seen"] == "HTTP 200" and result["polls"] == 1
+    # Then one real 1-token completion (issue 37: a hung engine keeps /health at 200); this fake has none.
+    assert result["last_seen"].startswith("HTTP 200; a 1-token completion answered HTTP 404 in ") and result["polls"] == 1
 
 
 def test_gate_mode_waits_through_a_slow_health_answer():

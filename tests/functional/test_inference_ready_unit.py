@@ -233,3 +233,20 @@ def test_a_look_at_a_slow_or_foreign_server_records_no_moment_for_the_window(tmp
         looked_foreign = gate(foreign, port, mode="probe")
     assert looked_slow["verdict"] == "slow" and "healthy_monotonic" not in looked_slow, looked_slow
     assert looked_foreign["verdict"] == "unhealthy" and "healthy_monotonic" not in looked_foreign, looked_foreign
+
+
+def test_a_unit_that_died_at_start_names_the_cause_from_the_journal_first_then_the_tail(tmp_path):
+    """Issue 37, 5: the 20 lines of the tail were the API server's traceback frames; the cause,
+    logged by vLLM's EngineCore process above them, now comes first (journal_errors)."""
+    from tests.unit.test_inference_ready_journal_errors import VLLM_CAUSE, VLLM_START_FAILURE
+    died = unit(ControlGroup="/", ActiveState="failed", SubState="failed", Result="exit-code", ExecMainStatus="1")
+    systemd = FakeSystemd(tmp_path, [died], VLLM_START_FAILURE)
+    with fake_engine_process({}) as (port, dummy):
+        result = gate(systemd, port)
+    assert result["rc"] == 1 and result["journal_errors"] == VLLM_CAUSE, result
+    assert result["journal"] == VLLM_START_FAILURE[-20:]
+    assert result["msg"].startswith(
+        "unit gate-test.service died (failed, failed, result exit-code, exit status 1) while waiting for the server; "
+        "the cause, from the journal:\n" + "\n".join(VLLM_CAUSE) + "\nits last journal lines:\n"), result["msg"]
+    assert "--lines" in systemd.calls("journalctl")[-1]["argv"]
+    assert systemd.calls("journalctl")[-1]["argv"][systemd.calls("journalctl")[-1]["argv"].index("--lines") + 1] == "2000"

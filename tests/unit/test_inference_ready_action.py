@@ -106,6 +106,20 @@ def test_waiting_rounds_go_on_to_the_deadline_then_fail_with_the_last_journal(ca
         in capsys.readouterr().out
 
 
+def test_at_the_deadline_the_cause_from_the_journal_comes_before_the_tail():
+    """Issue 37, 5: the error lines of the invocation (journal_errors) first, then its tail."""
+    def loading_then_failing(module_args):
+        answer = waiting(module_args)
+        if module_args["with_journal"]:
+            answer["journal_errors"] = ["RuntimeError: No working C++ compiler found"]
+        return answer
+
+    result, dummy = run(loading_then_failing, timeout=1, progress_interval=1)
+    assert result["failed"] and result["msg"].endswith(
+        "; the cause, from the journal:\nRuntimeError: No working C++ compiler found\nits last journal lines:\nloading"), \
+        result["msg"]
+
+
 def test_a_module_failure_ends_the_rounds_at_once():
     def died(module_args):
         return {"failed": True, "msg": "unit vllm.service died (failed, failed, result exit-code, exit status 1)",

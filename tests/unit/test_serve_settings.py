@@ -76,7 +76,8 @@ def test_the_filter_gives_each_plugin_its_options_from_the_roles_variables():
     assert gate["secrets"] == ["sk-0123456789", "w-0123456789"] and gate["max_tokens"] == 16
     assert set(gate) == set(_settings.argument_spec(_settings.GATE))
     probe = inference_service_plugin_args(values, _settings.PROBE)
-    assert set(probe) == {"engine", "unit", "api_key", "secrets", "health_timeout", "poll_interval"}
+    assert set(probe) == {"engine", "unit", "api_key", "secrets", "health_timeout", "poll_interval", "timeout",
+                          "hung_after", "prompt"}
     args = inference_service_plugin_args(values, _settings.ARGS)
     assert args["secrets"] == values["inference_service_secrets"] and args["port"] == 8000
     assert set(args) == set(_settings.argument_spec(_settings.ARGS))

@@ -117,7 +117,7 @@ def main(engine: str, argv: list, env=None) -> int:
         indices = gpus.visible_gpus(env, opts["tp"], str(conf["dev_dir"]), nvml)
         state = server.State(engine, opts["served"], opts["model"], opts["api_key"], opts["spec_tokens"],
                              conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"],
-                             opts.get("decode_log_interval", server.SGLANG_DECODE_LOG_INTERVAL))
+                             opts.get("decode_log_interval", server.SGLANG_DECODE_LOG_INTERVAL), conf["fault"])
         if stop.wait(conf["import_s"]):  # importing: the port is not bound yet
             log("INFO stand-in: stopped while importing")
             return 0

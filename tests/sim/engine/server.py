@@ -7,10 +7,14 @@ metrics collector).
     GET  /v1/models       the served name.
     POST /v1/completions  deterministic text; each decode step drafts k tokens and accepts a
                           fraction of them, which feeds the speculative metrics.
-    GET  /metrics         vLLM: vllm:spec_decode_* counters (exposed with _total). SGLang: only with
-                          --enable-metrics; sglang:spec_accept_rate and spec_accept_length gauges,
-                          set as SGLang sets them: once every --decode-log-interval decode steps
-                          (40), from that window alone, and 0.0 until the first window is logged.
+    GET  /metrics         vLLM: vllm:spec_decode_* counters (exposed with _total), the activity
+                          (num_requests_running and _waiting, generation_tokens_total,
+                          request_success_total). SGLang: only with --enable-metrics;
+                          sglang:spec_accept_rate and spec_accept_length gauges, set as SGLang sets
+                          them: once every --decode-log-interval decode steps (40), from that window
+                          alone, and 0.0 until the first window is logged; the activity
+                          (num_running_reqs, num_queue_reqs, gen_throughput, generation_tokens_total,
+                          num_requests_total).
     GET  /version         vLLM.
     GET  /sim/state       the stand-in's own: the argv and settings it runs with (tests only).
 
@@ -27,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # SGLang's --decode-log-interval default (sglang/srt/arg_groups/fields/observability.py, 0.5.21 to 0.5.23).
 SGLANG_DECODE_LOG_INTERVAL = 40
+# The busy fault: how long a completion waits in the queue, and how fast the others generate meanwhile.
+BUSY_QUEUE_S = 60
+BUSY_TOKENS_PER_S = 50
 
 WORDS = ("Paris. It is the capital and the largest city of France, on the Seine, known for its museums, "
          "its cafes and the tower that Gustave Eiffel built for the fair of 1889.").split()
@@ -37,7 +44,7 @@ class State:
 
     def __init__(self, engine: str, served: str, model: str, api_key: str, spec_tokens: int, acceptance: float,
                  metrics: bool, warmup_s: float, info: dict, health_delay_s: float = 0.0,
-                 decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL):
+                 decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL, fault: str = ""):
         self.engine = engine
         self.served = served
         self.model = model
@@ -47,8 +54,13 @@ class State:
         self.metrics = metrics
         self.info = info
         self.health_delay_s = health_delay_s
+        # hung_engine: completions never answer and nothing is generated, /health stays 200 (vLLM's
+        # EngineCore stopped: its API server answers /health alone). busy: completions wait BUSY_QUEUE_S
+        # in the queue while other requests generate BUSY_TOKENS_PER_S tokens (a saturated server).
+        self.fault = fault
         self.lock = threading.Lock()
-        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "requests": 0}
+        self.counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "requests": 0, "generation_tokens": 0}
+        self.waiting = 0
         self.owed = 0.0
         # SGLang's metrics reporter: a window of decode steps, logged to the gauges when full.
         self.decode_log_interval = decode_log_interval
@@ -93,6 +105,28 @@ class State:
         self.gauges = {"spec_accept_rate": window["correct_drafts"] / (window["steps"] * self.spec_tokens),
                        "spec_accept_length": window["accept_tokens"] / window["steps"]}
         self.window = {"steps": 0, "accept_tokens": 0, "correct_drafts": 0}
+
+    def generated(self) -> int:
+        """Tokens generated since start: the completions', and under the busy fault the other
+        requests' that keep the server saturated (a steady rate since it listens)."""
+        busy = int(BUSY_TOKENS_PER_S * (time.monotonic() - self.listening_at)) if self.fault == "busy" else 0
+        return self.counts["generation_tokens"] + busy
+
+    def queued(self, seconds) -> bool:
+        """A completion waits in the queue `seconds` (None: for ever), counted as waiting; False when
+        the server shuts down meanwhile."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        with self.lock:
+            self.waiting += 1
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                if self.shutting_down:
+                    return False
+                time.sleep(0.05)
+            return True
+        finally:
+            with self.lock:
+                self.waiting -= 1
 
     def healthy(self) -> bool:
         return not self.shutting_down and time.monotonic() >= self.warm_at
@@ -174,6 +208,9 @@ class Handler(BaseHTTPRequestHandler):
                                        "type": "NotFoundError", "code": 404}})
             return
         tokens = int(request.get("max_tokens") or 16)
+        if state.fault in ("hung_engine", "busy") and not state.queued(None if state.fault == "hung_engine" else BUSY_QUEUE_S):
+            self._send(503, {"error": {"message": "shutting down"}})
+            return
         with state.lock:
             state.in_flight += 1
         try:
@@ -181,6 +218,7 @@ class Handler(BaseHTTPRequestHandler):
             text = " " + " ".join(WORDS[i % len(WORDS)] for i in range(tokens))
             with state.lock:
                 state.counts["requests"] += 1
+                state.counts["generation_tokens"] += tokens
             self._send(200, {"id": "cmpl-standin", "object": "text_completion", "model": state.served,
                              "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
                              "usage": {"prompt_tokens": len(str(request.get("prompt", "")).split()),
@@ -194,10 +232,20 @@ class Handler(BaseHTTPRequestHandler):
         with state.lock:
             counts = dict(state.counts)
             gauges = dict(state.gauges)
+            waiting = state.waiting
+        generated = state.generated()
+        throughput = BUSY_TOKENS_PER_S if state.fault == "busy" else 0.0
         lines = []
         if state.engine == "vllm":
             labels = '{engine="0",model_name="%s"}' % label_value(state.served)
-            lines += ["# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running%s %d" % (labels, state.in_flight)]
+            lines += ["# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running%s %d" % (labels, state.in_flight),
+                      "# TYPE vllm:num_requests_waiting gauge", "vllm:num_requests_waiting%s %d" % (labels, waiting),
+                      "# HELP vllm:generation_tokens Number of generation tokens processed.",
+                      "# TYPE vllm:generation_tokens counter",
+                      "vllm:generation_tokens_total%s %.1f" % (labels, generated),
+                      "# TYPE vllm:request_success counter",
+                      'vllm:request_success_total{engine="0",finished_reason="length",model_name="%s"} %.1f'
+                      % (label_value(state.served), counts["requests"])]
             if state.spec_tokens:
                 for key, name in (("drafts", "num_drafts"), ("draft_tokens", "num_draft_tokens"),
                                   ("accepted_tokens", "num_accepted_tokens")):
@@ -206,7 +254,13 @@ class Handler(BaseHTTPRequestHandler):
                               "vllm:spec_decode_%s_total%s %.1f" % (name, labels, counts[key])]
         else:
             labels = '{model_name="%s"}' % label_value(state.served)
-            lines += ["# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs%s %d" % (labels, state.in_flight)]
+            lines += ["# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs%s %d" % (labels, state.in_flight),
+                      "# TYPE sglang:num_queue_reqs gauge", "sglang:num_queue_reqs%s %d" % (labels, waiting),
+                      "# TYPE sglang:gen_throughput gauge", "sglang:gen_throughput%s %.1f" % (labels, throughput),
+                      "# TYPE sglang:generation_tokens counter",
+                      "sglang:generation_tokens_total%s %.1f" % (labels, generated),
+                      "# TYPE sglang:num_requests counter",
+                      "sglang:num_requests_total%s %.1f" % (labels, counts["requests"])]
             if state.spec_tokens:
                 lines += ["# TYPE sglang:spec_accept_rate gauge",
                           "sglang:spec_accept_rate%s %.6f" % (labels, gauges["spec_accept_rate"]),

@@ -26,7 +26,10 @@ Faults: ignore_sigterm (the server never stops on SIGTERM), crash_during_load (e
 through loading), never_ready (loads forever), low_acceptance (accepts 15% of drafts),
 orphan_workers (once ready, the API server dies by SIGKILL and its GPU workers stay behind),
 dead_api (once ready, the API server's listener dies and its port closes while the process and
-its GPU workers live on: the unit stays active, nothing answers, as a vLLM whose event loop died).
+its GPU workers live on: the unit stays active, nothing answers, as a vLLM whose event loop died),
+hung_engine (completions never answer and no token is generated while /health answers 200, as a
+vLLM whose EngineCore process is stopped), busy (completions wait 60 s in the queue while other
+requests generate 50 tokens a second, as a saturated server).
 """
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ from pathlib import Path
 
 from .cli import DEFAULT_FLAGS_DIR
 
-FAULTS = ("ignore_sigterm", "crash_during_load", "never_ready", "low_acceptance", "orphan_workers", "dead_api")
+FAULTS = ("ignore_sigterm", "crash_during_load", "never_ready", "low_acceptance", "orphan_workers", "dead_api",
+          "hung_engine", "busy")
 LOW_ACCEPTANCE = 0.15
 
 
