@@ -209,6 +209,9 @@ def real(fleet_session, tmp_path_factory):
 def test_the_real_engine_serves_ngram_and_the_gate_reads_its_counters(real):
     """One start. Ready, the acceptance rate the report gives is the one /metrics gives."""
     proc, report, row = real.first
+    # The gate's three completions are the only traffic so far: its reading is /metrics' now
+    # (before this test's own completion).
+    from_metrics = real.acceptance_from_metrics()
     pid = real.assert_ready(proc, row)
     service = row["service"]
     assert service["engine"] == "vllm" and service["engine_version"].startswith("0.32.0")
@@ -218,8 +221,7 @@ def test_the_real_engine_serves_ngram_and_the_gate_reads_its_counters(real):
     assert real.run("stat", "-c", "%U", f"/proc/{pid}").stdout.strip() == USER
     assert json.loads(argv[argv.index("--speculative-config") + 1]) == NGRAM
     assert {"VLLM::EngineCore", "VLLM::Worker"} <= set(real.unit_pids().values()), real.unit_pids()
-    # The gate's three completions are the only traffic so far: its reading is /metrics' now.
-    assert abs(service["acceptance_rate"] - real.acceptance_from_metrics()) <= 0.01, service
+    assert abs(service["acceptance_rate"] - from_metrics) <= 0.01, (service, from_metrics)
     assert service["acceptance_rate"] > 0.3, service
 
 
@@ -339,3 +341,4 @@ def test_an_eagle3_draft_that_accepts_nothing_is_degraded(real):
     assert real.main_pid() not in (0, old_pid)
     rate = row["service"]["acceptance_rate"]
     assert rate < 0.3 and abs(rate - real.acceptance_from_metrics()) <= 0.01, row["service"]
+    assert "degraded" in proc.stdout
