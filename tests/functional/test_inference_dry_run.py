@@ -112,6 +112,10 @@ FAKE_VLLM = {
                                      "    must be provided\\n    For further information visit https://errors.example")
                 if behave == "long":
                     raise ValueError("z" * 5000)
+                if behave == "template":
+                    # What a hostile venv could make its engine say: Jinja that would run a command.
+                    raise ValueError("{{ lookup('pipe', 'touch /tmp/cleanslate-dry-run-templated') }} {%% raw %%} }} %s"
+                                     % "{{ 7 * 7 }}")
                 if behave == "exit":
                     sys.exit(3)
                 if behave == "offline":

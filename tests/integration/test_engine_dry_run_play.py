@@ -78,3 +78,15 @@ def test_the_engines_check_turned_off_leaves_the_flag_datas_verdict(tmp_path, en
     proc = run(tmp_path, engine["0.33.0"], inference_service_extra_args=["--enable-auto-tool-choice"],
                inference_service_engine_dry_run=False)
     assert proc.returncode == 0 and "checked with 0.33.0" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_the_engines_words_are_never_templated(tmp_path, engine):
+    """The service user's venv is another user's: what its engine says is data. A refusal made of
+    Jinja reaches the message as written, and nothing it asks for runs on the controller."""
+    marker = Path("/tmp/cleanslate-dry-run-templated")
+    marker.unlink(missing_ok=True)
+    proc = run(tmp_path, engine["0.34.0"], inference_service_extra_args=["--behave", "template"])
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    assert "{{ lookup('pipe', 'touch /tmp/cleanslate-dry-run-templated') }}" in proc.stdout, proc.stdout[-3000:]
+    assert "{{ 7 * 7 }}" in proc.stdout and " 49" not in proc.stdout, proc.stdout[-3000:]
+    assert not marker.exists()
