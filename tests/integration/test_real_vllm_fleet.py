@@ -330,6 +330,28 @@ def test_the_engine_refuses_a_configuration_the_flag_data_takes_before_anything_
     assert real.main_pid() == pid
 
 
+def test_an_engine_that_dies_at_start_is_reported_by_its_cause_first(real):
+    """One start that fails. A KV cache larger than the machine: the configuration is valid (the
+    engine's check passes it), and the worker refuses at start, after the model loaded. vLLM's API
+    server then ends with a traceback of its own ("Engine core initialization failed. See root
+    cause above."); the report gives the worker's cause first."""
+    real.vars["inference_service_environment"] = dict(real.vars["inference_service_environment"],
+                                                      VLLM_CPU_KVCACHE_SPACE="100000")
+    try:
+        proc, report, row = real.play()
+    finally:
+        real.vars = base_vars()
+    assert proc.returncode != 0
+    service = row["service"]
+    assert service["status"] == "failed" and service["checks"]["engine"] == "passed", service
+    cause = "Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE"
+    assert any(cause in line for line in service["journal_errors"]), service["journal_errors"]
+    reason = service["reason"]
+    assert cause in reason, reason
+    wrapper = reason.find("Engine core initialization failed")
+    assert wrapper == -1 or reason.index(cause) < wrapper, reason
+
+
 def test_an_eagle3_draft_that_accepts_nothing_is_degraded(real):
     """One start. A random EAGLE-3 head: vLLM loads and runs it, and all but none of its drafts are
     accepted; the gate reports degraded with the rate /metrics gives."""
