@@ -5,9 +5,9 @@ The committed list (tests/mutations) must always apply to the code as it is."""
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
-import re
 import textwrap
 from pathlib import Path
 
