@@ -137,9 +137,14 @@ SGLANG_CPU = ["--device", "cpu"]
 VLLM_CPU_ENV = {"VLLM_TARGET_DEVICE": "cpu"}
 # A refusal in these words is the machine's (no GPU), not the configuration's: the check could not
 # judge the line here, which is neither agreement nor refusal.
+# So is one that names what this machine's CPU device picked instead of a GPU's (SGLang's CPU
+# attention backends torch_native and intel_amx, its device cpu; vLLM's CPU platform) or a GPU
+# this machine lacks.
 NEEDS_GPU = re.compile(r"Failed to infer device type|Torch not compiled with CUDA|No CUDA GPUs|"
                        r"CUDA driver|NVML|nvidia-smi|no GPU|not supported on CPU|CPU backend does not support|"
-                       r"is not supported on the CPU|not supported by the CPU")
+                       r"is not supported on the CPU|not supported by the CPU|requires --device cuda|got 'cpu'|"
+                       r"torch_native|intel_amx|requires SM\d+|not supported on current platform|"
+                       r"is not supported by cpu|only supported on CUDA devices|CUDA-alike device")
 BATCH_MARKER = "CLEANSLATE_COMPARE_BATCH "
 # The edge cases' checks run in one engine process per version: the engine is imported once, and
 # each line gets a fresh forked child that runs the same program (main) and exits; its answer comes
@@ -368,14 +373,21 @@ NOT_SEEN = """\
 ## What the engine's check does not see
 
 The check builds the engine's configuration; it starts no scheduler, no worker and loads no weights.
-Rules enforced there are not in the engine's verdict above, nor in the role's through the check:
+What the engine checks only there is in neither verdict above:
 
 - vLLM: `num_speculative_tokens_per_batch_size` whose first range starts above batch size 1 builds a
-  configuration and is refused at start (issue 25 point 3). The role's own rule refuses it: it shows
-  as "engine takes, role refuses" on the corpus's "schedule from batch size 2".
+  configuration and is refused when the scheduler starts (issue 25 point 3). The role's own rule
+  refuses it before the check: "engine takes, role refuses" on the corpus's "schedule from batch size 2".
+- A line agreed on here is agreed on this machine's CPU device: defaults that depend on the GPU (the
+  attention backend, memory fractions, CUDA graphs) resolve differently on a GPU host, where the same
+  check runs with the host's GPU and so still decides the role's verdict; the lines whose refusal
+  here only says this machine has no GPU (or not that GPU) are "could not run".
+- A refusal that names a package or plugin missing here (SGLang's `--enable-http2` without
+  `granian`, `--enable-nvidia-megakernel` without its plugin) is this machine's install's: on a host,
+  the check runs in the host's engine install and judges it there.
 - The lines the role refuses because the readiness gate could not reach the API (`--headless`,
-  `--grpc`, `--uds`, SGLang's `--grpc-mode`) or because a secret would be on the command line build a
-  valid configuration: "engine takes, role refuses" by design.
+  `--grpc`, `--uds`, SGLang's `--grpc-mode`), or because a secret would be on the command line, build
+  a valid configuration: "engine takes, role refuses" by design.
 """
 
 

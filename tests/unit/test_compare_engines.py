@@ -128,3 +128,16 @@ def test_what_only_the_engines_check_refuses_is_listed_as_such():
     assert row["check_only"] == ["--x 1 (valid value 1): ValueError: the engine's words"]
     assert one(True, (False, "error: x"), RAN_REFUSED)["check_only"] == []  # the parser's already
     assert "none" in ce.render([row, one(True, (True, ""), RAN_OK)])
+
+
+@pytest.mark.parametrize("words", [
+    "ValueError: --enable-watermark requires --device cuda, got 'cpu'",
+    "AssertionError: Multi-item scoring requires flashinfer ... Current backends: prefill=torch_native",
+    "ValueError: ... but you explicitly specified 'intel_amx'.",
+    "ValueError: --enable-deepseek-v4-fp4-indexer requires SM100, SM120, or gfx95 GPUs",
+    "ValidationError: 1 validation error for ModelConfig Value error, Sleep mode is not supported on current platform.",
+    "ValueError: Non-integer device ID 'x' is not supported by cpu.",
+])
+def test_a_refusal_that_only_says_this_machine_has_no_gpu_is_not_a_verdict(words):
+    error_type, error = words.split(": ", 1)
+    assert ce.check_of({"ok": False, "error_type": error_type, "error": error})["ran"] is False
