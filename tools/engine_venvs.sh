@@ -26,7 +26,13 @@ BASE=(torch==2.13.0 regex cachetools psutil sentencepiece numpy requests tqdm bl
   pyzmq msgspec "mistral_common[image]>=1.11.6" opencv-python-headless pyyaml einops compressed-tensors==0.17.0
   depyf==0.20.0 cloudpickle watchfiles python-json-logger ninja pybase64 cbor2 ijson setproctitle
   "oss-harmony>=0.0.11" "anthropic>=0.71.0" "model-hosting-container-standards>=0.1.14,<1.0.0" "mcp>=2.2.0,<3.0.0"
-  opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai ipython)
+  opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai ipython
+  gguf)
+# What SGLang's configuration build (tools/compare_engines.py runs the role's engine check) imports
+# beyond its parser: torchvision (its multimodal configs import torchvision.transforms), the wheel of
+# torch 2.13, --no-deps. PyPI's is a CUDA build whose operators cannot load on the CPU torch; its two
+# unguarded operator registrations are guarded below, as its others are, so that it imports.
+TORCHVISION="torchvision==0.28.0"
 
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=("${DEFAULT[@]}")
@@ -35,7 +41,10 @@ if [ ! -x "$DIR/base/bin/python" ]; then
   "$PYTHON" -m venv "$DIR/base"
 fi
 "$DIR/base/bin/pip" install -q --disable-pip-version-check "${BASE[@]}"
+"$DIR/base/bin/pip" install -q --disable-pip-version-check --no-deps "$TORCHVISION"
 shared=$("$DIR/base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+sed -i 's/^@torch.library.register_fake("torchvision::\(q\{0,1\}nms\)")$/@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda fn: fn))/' \
+  "$shared/torchvision/_meta_registrations.py"
 for spec in "${specs[@]}"; do
   venv="$DIR/${spec/==/-}"
   if [ ! -x "$venv/bin/python" ]; then

@@ -113,6 +113,13 @@ def check_sglang(argv):
         at = argv.index("--config")
         del argv[at:at + 2]
     server_args = prepare_server_args(argv)
+    # SGLang 0.5.21 and later build ServerArgs unresolved (__post_init__ does nothing): the engine
+    # resolves it (defaults that depend on the model and the device, and their checks) with
+    # resolve_once() before check_server_args(), which reads the resolved fields and fails on the
+    # unresolved ones (a TypeError on every line).
+    resolve = getattr(server_args, "resolve_once", None)
+    if resolve is not None:
+        resolve()
     check = getattr(server_args, "check_server_args", None)
     if check is not None:
         check()
