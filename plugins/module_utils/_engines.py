@@ -38,6 +38,9 @@ ENGINES = {
         "speculative": "config",
         "health_paths": ("/health",),
         "health_timeout_s": 10.0,
+        # The line its API server logs once it listens (uvicorn's): an invocation that logged it was
+        # ready once, so a port that refuses now is a dead API, not a model still loading.
+        "ready_log": "Application startup complete.",
         # /metrics: "counters" (drafts, drafted and accepted tokens since start) or "gauges" (the last window's
         # acceptance rate and mean acceptance length); model_label: the label that carries the served name
         # (the gate reads only the samples of its own served name).
@@ -64,6 +67,7 @@ ENGINES = {
         # /health runs a one-token generation (up to 20 s under load); /ready answers once the model is loaded.
         "health_paths": ("/health", "/ready"),
         "health_timeout_s": 30.0,
+        "ready_log": "The server is fired up and ready to roll!",
         "metrics": {"kind": "gauges", "model_label": "model_name", "rate": "sglang:spec_accept_rate",
                     "length": "sglang:spec_accept_length"},
         # Only with --enable-metrics (the role always gives it); gen_throughput is the last logged window's.

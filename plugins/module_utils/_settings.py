@@ -378,13 +378,13 @@ SETTINGS = (
                 'Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the '
                 'module itself waits at most O(progress_interval) per call.',
                 'With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started '
-                'less than this ago, whose main process lives and whose port refuses connections is RV(verdict) '
-                'V(loading), not V(unhealthy).',)),
+                'less than this ago, whose main process lives, whose port refuses connections and which never logged '
+                "the engine's ready line is RV(verdict) V(loading), not V(unhealthy).",)),
                 Pass(PROBE, 'timeout')),
             description=('Seconds to wait for the server to answer; connection refused is normal while a large model loads.',
                          "The assessment of C(reset_and_serve.yml) calls a unit that started less than this ago, whose main "
-                         "process lives and whose port refuses connections, C(loading), which is not reset; the gate waits "
-                         "for it.",)),
+                         "process lives, whose port refuses connections and which never logged that it was ready, "
+                         "C(loading), which is not reset; the gate waits for it.",)),
     Setting('health_timeout',
             'float',
             default=0,

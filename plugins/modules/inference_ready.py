@@ -185,7 +185,8 @@ options:
       - Seconds to wait for readiness in all. The action plugin keeps calling the module until then; the module itself
         waits at most O(progress_interval) per call.
       - With O(mode=probe), the start deadline of a loading server - a unit whose current invocation started less than
-        this ago, whose main process lives and whose port refuses connections is RV(verdict) V(loading), not V(unhealthy).
+        this ago, whose main process lives, whose port refuses connections and which never logged the engine's ready line
+        is RV(verdict) V(loading), not V(unhealthy).
     type: int
     default: 3600
   health_timeout:
@@ -323,8 +324,11 @@ verdict:
       process is stopped keeps C(/health) at 200 while no completion returns.
     - With O(mode=probe) and O(unit), also V(loading) - the unit's current invocation started less than O(timeout)
       seconds ago (C(ExecMainStartTimestampMonotonic)), its main process lives (C(MainPID) not 0, the process there),
-      it is active or activating but not waiting to restart (C(auto-restart)), and its port refused the connection on
-      both looks - neither engine listens before its model is loaded, so this is a load in progress (systemd's own
+      it is active or activating but not waiting to restart (C(auto-restart)), its port refused the connection on
+      both looks, and that invocation never logged the engine's ready line (vLLM's C(Application startup complete.),
+      SGLang's C(The server is fired up and ready to roll!), found by C(journalctl --grep); a server that logged it
+      and refuses now has lost its API, and is V(unhealthy)) - neither engine listens before its model is loaded, so
+      this is a load in progress (systemd's own
       C(Restart=on-failure) after a crash), not a dead server. RV(healthy) is false, RV(needs_reset) false. Past
       O(timeout), or with its main process gone, the same refusals are V(unhealthy).
   returned: always
@@ -917,6 +921,21 @@ def loading(params, state, now):
     return (age, pid) if 0 <= age < params["timeout"] else None
 
 
+def ready_once(module, params, state):
+    """The engine's ready line (ENGINES' ready_log) when the unit's current invocation logged it,
+    else "": a server that was ready once and refuses now has lost its API (its listener died),
+    however recently it started. journald finds the line (--grep, the whole invocation, however
+    long it served); a journalctl without PCRE2 finds none, and the rule falls back to the start
+    time alone. Only a fixed text is looked for in the engine's lines; none of them is returned."""
+    marker = ENGINES[params["engine"]]["ready_log"]
+    invocation = state.get("InvocationID") or ""
+    if not INVOCATION_ID.match(invocation):
+        return ""
+    rc, out, dummy = module.run_command(["journalctl", "--no-pager", "--output", "cat", "--lines", "1",
+                                         "--grep", re.escape(marker), "_SYSTEMD_INVOCATION_ID=" + invocation])
+    return marker if rc == 0 and any(marker in line for line in out.splitlines()) else ""
+
+
 def loading_seen(params, age, pid, seen):
     """last_seen of a loading server: how long ago its invocation started, first (the report's note
     reads "server loading (started N s ago, ...)")."""
@@ -1040,7 +1059,10 @@ def look(module, params, mask=None):
         state = unit_state(module, params["unit"])
         result["unit"] = state
         since = loading(params, state, time.monotonic())
-        if since is not None:
+        was_ready = ready_once(module, params, state) if since is not None else ""
+        if was_ready:
+            seen = "%s, though this invocation logged %r: its API died after it was ready" % (seen, was_ready)
+        elif since is not None:
             return dict(result, polls=len(looks), state="unhealthy", healthy=False, verdict="loading",
                         needs_reset=False, last_seen=loading_seen(params, since[0], since[1], seen),
                         loading_s=round(since[0], 1))
