@@ -37,6 +37,10 @@ SERVED = "tiny"
 PORT = 8000
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 # A prompt that repeats itself: ngram drafts from it, and the random model's greedy answer repeats too.
+# Canaries: the role's secrets reach the engine's EnvironmentFile and nothing else (the journal, the
+# report); the engine's check gets them only to mask what the engine prints.
+API_KEY = "sk-real-canary-7f3c9e21"
+HF_TOKEN = "hf_RealCanary5d8a0b4c"
 PROMPT = "the reset and the serve and the reset and the serve and the reset and the"
 # vLLM's leftovers of one start (issue 37): shared memory of its message queues and semaphores in
 # /dev/shm, zmq sockets named by a UUID and vllm_dist_* under /tmp.
@@ -60,6 +64,7 @@ def base_vars() -> dict:
         "inference_service_user": USER,
         "inference_service_model": str(TINY_MODELS / "tiny-llama"),
         "inference_service_served_name": SERVED,
+        "inference_service_secrets": {"api_key": API_KEY, "hf_token": HF_TOKEN},
         "inference_service_port": PORT,
         "inference_service_max_model_len": 512,
         "inference_service_speculative": dict(NGRAM),
@@ -148,7 +153,7 @@ class RealServer:
     def complete(self, timeout=30) -> dict:
         body = json.dumps({"model": SERVED, "prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
         request = urllib.request.Request(self.url("/v1/completions"), data=body,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json", "Authorization": "Bearer " + API_KEY})
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
 
@@ -364,3 +369,12 @@ def test_an_eagle3_draft_that_accepts_nothing_is_degraded(real):
     rate = row["service"]["acceptance_rate"]
     assert rate < 0.3 and abs(rate - real.acceptance_from_metrics()) <= 0.01, row["service"]
     assert "degraded" in proc.stdout
+
+
+def test_no_secret_reached_the_hosts_journal_or_the_report(real):
+    """After every run above (the engine's check in each, the hung probe's completion, the failures'
+    journal excerpts): the canaries are in no line of the host's journal and in no report."""
+    journal = real.run("journalctl", "--no-pager", "--output", "cat", timeout=120).stdout
+    reports = "".join(path.read_text() for path in (real.workdir / "reports").glob("*"))
+    for secret in (API_KEY, HF_TOKEN):
+        assert secret not in journal and secret not in reports
