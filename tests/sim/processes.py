@@ -42,6 +42,17 @@ def context(dev_dir: Path, gpus: int, visible: list, uvm: bool = True) -> dict:
     return {"devices": opened(dev_dir, gpus), "maps": maps + ([str(dev_dir / "nvidia-uvm")] if uvm else [])}
 
 
+# The roles a correct reset leaves running, and why (`make demo` marks them in its tables); the
+# others hold GPU memory or serve it and are stopped.
+SPARED = {
+    "monitor": "a GPU client: device files open, no memory",
+    "init_only": "CUDA initialised without a context: no memory",
+    "persistenced": "nvidia-persistenced, a GPU client",
+    "bystander": "touches no GPU",
+    "shm_mapper": "maps a shm segment, holds no GPU",
+}
+
+
 def plan(root: Path, gpus: int, tp: int, mapped: str, shm_dir: Path) -> dict:
     """key -> spec read by program.py; `role`, `gpus` and `mib` are for the manifest."""
     dev = root / "dev"

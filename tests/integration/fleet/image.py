@@ -52,12 +52,17 @@ def _drop_stale(build_dir: Path, keep: set) -> None:
             entry.unlink(missing_ok=True)
 
 
+def image_path(build_dir: Path) -> Path:
+    """Where the image tarball of this image.sh is cached (there or not)."""
+    return Path(build_dir) / f"bookworm-{image_key()}.tar.zst"
+
+
 def ensure_image(build_dir: Path, log=sys.stderr) -> Path:
     """The cached image tarball, built by image.sh when it is missing (about a minute)."""
     build_dir = Path(build_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     key = image_key()
-    tarball = build_dir / f"bookworm-{key}.tar.zst"
+    tarball = image_path(build_dir)
     with _locked(build_dir / "image.lock"):
         if tarball.exists():
             return tarball
