@@ -21,6 +21,25 @@ REPO = Path(__file__).resolve().parents[2]
 RULEBOOK_VENV = REPO / "build" / "venvs" / "rulebook"
 RULEBOOK = REPO / "extensions" / "eda" / "rulebooks" / "heal.yml"
 TOKEN = "t0ken-for-the-heal-tests"
+# The loop's deadlines held on CI's 2 cores at load 8 and one failed at load 20: beyond the load
+# per core they were seen to hold at, each stretches in proportion (a process gets that much less
+# of a core), never shrinks.
+HELD_AT_LOAD_PER_CPU = 4.0
+
+
+def stretched(seconds: float, load: float | None = None, cpus: int | None = None) -> float:
+    """`seconds`, a deadline that held at HELD_AT_LOAD_PER_CPU, for this machine's load now (the
+    1-minute load average, or `load` on `cpus` cores)."""
+    load = os.getloadavg()[0] if load is None else load
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    return seconds * max(1.0, load / cpus / HELD_AT_LOAD_PER_CPU)
+
+
+def alert_deadline(scrape_s: float, scrape_timeout_s: float, evaluation_s: float, for_s: float) -> float:
+    """How long the down alert of an engine killed now may take to fire: the scrape that fails (its
+    interval, then its timeout), the evaluation that makes it pending, its `for:` and the
+    evaluation that fires it; 12 times that (60 s for the test's 1 s intervals, which held at load 8)."""
+    return 12 * (scrape_s + scrape_timeout_s + 2 * evaluation_s + for_s)
 
 
 def free_port() -> int:

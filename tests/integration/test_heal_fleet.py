@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -27,7 +28,8 @@ import pytest
 import yaml
 
 from tests.integration.fleet import engines
-from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook, hostile_alert, payload, shown
+from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook, alert_deadline, hostile_alert, payload, \
+    shown, stretched
 from tests.integration.test_inference_service_fleet import UNIT, base_vars
 from tests.integration.test_observe_fleet import free_port, get, wait_for
 
@@ -39,6 +41,8 @@ MAX_HEALS = 2
 CANARY = "sk-canary-heal-fleet-" + secrets.token_hex(4)
 KEYS = {"node2": CANARY}
 METRICS = "/var/lib/prometheus/node-exporter"
+# The test's Prometheus: scrapes and evaluations every second, every rule's `for:` 1 s.
+SCRAPE_S, SCRAPE_TIMEOUT_S, EVALUATION_S, FOR_S = 1, 0.9, 1, 1
 
 
 def short_rules(path: Path) -> Path:
@@ -47,7 +51,7 @@ def short_rules(path: Path) -> Path:
     for group in rules["groups"]:
         for rule in group["rules"]:
             if "for" in rule:
-                rule["for"] = "1s"
+                rule["for"] = "%ds" % FOR_S
     path.write_text(yaml.safe_dump(rules, sort_keys=False))
     return path
 
@@ -93,7 +97,8 @@ class Loop:
         self.alertmanager = Alertmanager(self.workdir, self.rulebook.port)
         self.procs.append(self.alertmanager)
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+            "global": {"scrape_interval": "%ds" % SCRAPE_S, "evaluation_interval": "%ds" % EVALUATION_S,
+                       "scrape_timeout": "%dms" % (SCRAPE_TIMEOUT_S * 1000)},
             "rule_files": [str(short_rules(self.workdir / "rules.yml"))],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:%d" % self.alertmanager.port]}]}]},
             "scrape_configs": [{"job_name": "cleanslate_gpu_engine", "static_configs": [
@@ -105,7 +110,7 @@ class Loop:
             [shutil.which("prometheus"), f"--config.file={self.workdir / 'prometheus.yml'}",
              f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prometheus_port}"],
             stdout=log, stderr=subprocess.STDOUT)
-        wait_for("Prometheus ready", lambda: "Ready" in get(f"http://127.0.0.1:{self.prometheus_port}/-/ready"), timeout=60)
+        wait_for("Prometheus ready", lambda: "Ready" in get(f"http://127.0.0.1:{self.prometheus_port}/-/ready"), timeout=stretched(60))
 
     def stop(self):
         if getattr(self, "prometheus", None) and self.prometheus.poll() is None:
@@ -118,7 +123,7 @@ class Loop:
         """When Prometheus's EngineDown alert of `host` fired (its activeAt plus the copy's `for:` of
         1 s, Prometheus's own clock), 0 while it does not."""
         found = json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"))["data"]["alerts"]
-        return next((stamp(a["activeAt"]) + 1 for a in found if a["labels"].get("alertname") == "CleanslateGpuEngineDown"
+        return next((stamp(a["activeAt"]) + FOR_S for a in found if a["labels"].get("alertname") == "CleanslateGpuEngineDown"
                      and a["labels"].get("host") == host and a["state"] == "firing"), 0)
 
     def up(self, host) -> bool:
@@ -188,42 +193,67 @@ def loop(fleet_session, tmp_path_factory):
             engines.uninstall(fleet.hosts[host].root)
 
 
-def heal_once(loop, host, crashed_at, heals_before) -> dict:
-    """Wait for the heal of a crash; the times of its parts, in seconds after the crash."""
-    fired = wait_for(f"{host}: the alert firing", lambda: loop.firing(host), timeout=60, interval=0.2)
-    wait_for(f"{host}: the heal counted", lambda: len(loop.heals(host)) > heals_before, timeout=120)
-    ready = wait_for(f"{host}: a completion again", lambda: loop.completes(host) and time.time(), timeout=300, interval=0.5)
-    heal = loop.heals(host)[-1]
-    parts = {"alert firing": fired - crashed_at, "rulebook receives": stamp(heal["received_at"]) - crashed_at,
-             "playbook starts": heal["at"] - crashed_at, "server ready": ready - crashed_at}
-    print("%s heal %d: %s" % (host, heals_before + 1, ", ".join("%s %.1f s" % item for item in parts.items())))
-    assert heal["alertname"] == "CleanslateGpuEngineDown" and heal["fingerprint"]
-    assert list(parts.values()) == sorted(parts.values()), parts
+def heal(loop, crashed: dict, heals_before: dict) -> dict:
+    """Wait for the heal of each crashed host (host -> when it crashed); host -> the times of its
+    heal's parts, in seconds after its crash. The hosts are watched together, each part seen when
+    it happens: a host watched only after another's heal could be healed already, its alert
+    resolved (at load 20, node2's heal ended before node1's and its firing was never seen). Each
+    part's deadline runs from the one before it."""
+    stages = (("the alert firing", loop.firing,
+               alert_deadline(SCRAPE_S, SCRAPE_TIMEOUT_S, EVALUATION_S, FOR_S)),
+              ("the heal counted", lambda host: len(loop.heals(host)) > heals_before[host] and time.time(), 120),
+              ("a completion again", lambda host: loop.completes(host) and time.time(), 300))
+    seen = {host: [] for host in crashed}
+    since = {host: time.monotonic() for host in crashed}
+    while any(len(times) < len(stages) for times in seen.values()):
+        for host, times in seen.items():
+            if len(times) == len(stages):
+                continue
+            what, probe, deadline = stages[len(times)]
+            try:
+                found = probe(host)
+            except OSError:
+                found = 0
+            limit = stretched(deadline)
+            if found:
+                times.append(found)
+                since[host] = time.monotonic()
+            elif time.monotonic() - since[host] > limit:
+                pytest.fail("%s: %s: not within %d s (load %.1f)" % (host, what, limit, os.getloadavg()[0]))
+        time.sleep(0.2)
+    parts = {}
+    for host, (fired, _counted, ready) in seen.items():
+        record = loop.heals(host)[-1]
+        parts[host] = {"alert firing": fired - crashed[host], "rulebook receives": stamp(record["received_at"]) - crashed[host],
+                       "playbook starts": record["at"] - crashed[host], "server ready": ready - crashed[host]}
+        print("%s heal %d: %s" % (host, heals_before[host] + 1, ", ".join("%s %.1f s" % item for item in parts[host].items())))
+        assert record["alertname"] == "CleanslateGpuEngineDown" and record["fingerprint"]
+        assert list(parts[host].values()) == sorted(parts[host].values()), parts[host]
     return parts
 
 
 def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
     for host in HOSTS:
-        wait_for(f"{host} scraped up", lambda host=host: loop.up(host), timeout=60)
+        wait_for(f"{host} scraped up", lambda host=host: loop.up(host), timeout=stretched(60))
     assert not loop.breaker()
 
     # One crash: reset and served again with nobody's help.
-    first = heal_once(loop, "node1", loop.crash("node1"), 0)
+    first = heal(loop, {"node1": loop.crash("node1")}, {"node1": 0})["node1"]
     # The server answers before the run ends (the gate, the metrics, then the report).
-    (document,) = wait_for("the heal's report", loop.heal_reports, timeout=120)
+    (document,) = wait_for("the heal's report", loop.heal_reports, timeout=stretched(120))
     assert document["trigger"]["alertname"] == "CleanslateGpuEngineDown", document.get("trigger")
     assert document["trigger"]["fingerprint"] == loop.heals("node1")[0]["fingerprint"]
     (row,) = document["hosts"]
     assert row["host"] == "node1" and row["status"] == "ok" and row["service"]["status"] == "ready", row
-    wait_for("node1's alert resolved", lambda: not loop.firing("node1"), timeout=60)
+    wait_for("node1's alert resolved", lambda: not loop.firing("node1"), timeout=stretched(60))
 
     # Both hosts crash at once: each is healed, on its own (one lock per host).
     crashed = {host: loop.crash(host) for host in HOSTS}
-    second = heal_once(loop, "node1", crashed["node1"], 1)
-    other = heal_once(loop, "node2", crashed["node2"], 0)
-    wait_for("both alerts resolved", lambda: not loop.firing("node1") and not loop.firing("node2"), timeout=60)
+    both = heal(loop, crashed, {"node1": 1, "node2": 0})
+    second, other = both["node1"], both["node2"]
+    wait_for("both alerts resolved", lambda: not loop.firing("node1") and not loop.firing("node2"), timeout=stretched(60))
     # In parallel: each heal started before the other's run ended (its report is written last).
-    reports = wait_for("both heals' reports", lambda: len(loop.heal_reports()) == 3 and loop.heal_reports(), timeout=120)
+    reports = wait_for("both heals' reports", lambda: len(loop.heal_reports()) == 3 and loop.heal_reports(), timeout=stretched(120))
     ended = {document["hosts"][0]["host"]: report_time(document["time"]) for document in reports[1:]}
     started = {host: loop.heals(host)[-1]["at"] for host in HOSTS}
     assert started["node1"] < ended["node2"] and started["node2"] < ended["node1"], (started, ended)
@@ -231,8 +261,8 @@ def test_a_crash_heals_by_itself_again_and_again_until_the_breaker_opens(loop):
 
     # The third crash of node1 within the window: the breaker opens, nothing is reset, node1 stays down.
     loop.crash("node1")
-    wait_for("the breaker open", lambda: loop.breaker().get("node1", {}).get("open"), timeout=120)
-    wait_for("the refused run ended", lambda: loop.rulebook.finished() == runs_before + 1, timeout=300)
+    wait_for("the breaker open", lambda: loop.breaker().get("node1", {}).get("open"), timeout=stretched(120))
+    wait_for("the refused run ended", lambda: loop.rulebook.finished() == runs_before + 1, timeout=stretched(300))
     time.sleep(10)
     assert loop.rulebook.runs() == runs_before + 1, loop.rulebook.text()[-4000:]
     assert len(loop.heal_reports()) == 3  # no reset_and_serve ran
@@ -256,10 +286,10 @@ def test_a_hostile_alert_for_a_served_host_runs_no_template_and_copies_no_secret
     from node2's own vars, reached the breaker's state, the heal metrics, the report and the
     rulebook's output."""
     ran = "/tmp/cleanslate-heal-fleet-ran-" + secrets.token_hex(4)
-    wait_for("node2 answering", lambda: loop.completes("node2"), timeout=60)
+    wait_for("node2 answering", lambda: loop.completes("node2"), timeout=stretched(60))
     heals, finished = len(loop.heals("node2")), loop.rulebook.finished()
     assert loop.rulebook.post(payload(hostile_alert("node2", ran))) == 200
-    wait_for("the hostile alert's run", lambda: loop.rulebook.finished() > finished, timeout=300)
+    wait_for("the hostile alert's run", lambda: loop.rulebook.finished() > finished, timeout=stretched(300))
     for host in HOSTS:
         assert loop.fleet.run(host, ["test", "-e", ran], check=False).returncode == 1, host
     assert not Path(ran).exists()
