@@ -65,7 +65,7 @@ $(AWX): requirements-collections.txt tools/install_bundled_collection.py $(VENV)
 $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(VENV)/.installed
 	$(PY) -m tests.fixtures.fake_nvml build $(BUILD)/fake_nvml
 
-demo: os-deps-demo $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1 ## 4 min | a simulated crashed node reset by reset.yml, then a crashed vLLM (a stand-in) reset and served on a systemd host; +2 min the first time (the host's image)
+demo: os-deps-demo $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1 ## 1 min | a simulated crashed node reset by reset.yml, then a crashed vLLM (a stand-in) reset and served on a systemd host; 5 min the first time (packages, venv, the host's image)
 	$(PY) tools/demo.py
 
 test: setup check-generated sanity pytest versions-ci ee lint ## 50 min | everything CI runs (CI measured 51 min: integration 42 of it)

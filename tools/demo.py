@@ -54,7 +54,7 @@ def playbook(vars_file: Path) -> int:
     return subprocess.run(cmd, cwd=REPO, check=False).returncode
 
 
-INTRO = """make demo: two parts, about 4 minutes (2 more the first time, to build the host's image).
+INTRO = """make demo: two parts, about a minute (2 more the first time, to build the host's image).
   1. A simulated crashed GPU node on this machine (processes, device files, shm, a fake NVML),
      reset by playbooks/reset.yml, then checked: what must survive is alive, the rest stopped.
   2. A Debian host under systemd (systemd-nspawn): a crashed vLLM reset, and vLLM served again by
