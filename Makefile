@@ -198,8 +198,7 @@ dist: $(SETUP) ## 5 s | the collection tarball, build/dist/cleanslate-gpu-<versi
 # from nothing on 2 cores (podman installed; base image, build, the test's fleet), 1.2 min with the
 # base image cached (ansible-builder rebuilds from the collection tarballs on).
 ee: $(SETUP) ## 1.2 min | the execution environment built with podman, reset.yml run inside it (2.6 min from nothing)
-	command -v podman >/dev/null && command -v runc >/dev/null || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc >/dev/null; }
+	@tools/install_os_deps.sh ee
 	$(PY) tools/ee/build.py
 	CLEANSLATE_EE_IMAGE=localhost/cleanslate-gpu-ee:$$($(PY) -c 'import yaml; print(yaml.safe_load(open("galaxy.yml"))["version"])') \
 		$(PY) -m pytest tests/integration/test_ee.py -q -m ee

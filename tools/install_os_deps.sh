@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages of a set, only those missing.
-# Usage: install_os_deps.sh demo|test   (install_os_deps.sh --list demo|test: print the set)
+# Usage: install_os_deps.sh demo|test|ee   (install_os_deps.sh --list SET: print the set)
 #
 # demo: what `make demo` runs. gcc/libc6-dev build the fake libnvidia-ml; python3-venv makes the
 # virtual environment; mmdebstrap, systemd-container, iproute2, openssh-client and zstd build and
@@ -11,15 +11,17 @@
 # sanity's test of the shell scripts (skipped without it); prometheus gives promtool (the alert
 # rules' tests) and the Prometheus server that evaluates them against the fleet;
 # prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop.
+# ee: podman and runc build and run the execution environment (make ee, in make test).
 set -euo pipefail
 demo=(python3 python3-venv gcc libc6-dev make procps iproute2 openssh-client mmdebstrap systemd-container zstd)
 test=("${demo[@]}" git psmisc shellcheck prometheus prometheus-alertmanager openjdk-17-jre-headless)
+ee=(podman runc)
 # How long to wait for another apt or dpkg (unattended-upgrades, a second terminal) to finish.
 LOCK_WAIT_S=${LOCK_WAIT_S:-600}
 LOCKS=(/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock)
 
 usage() {
-  echo "install_os_deps: usage: install_os_deps.sh [--list] demo|test" >&2
+  echo "install_os_deps: usage: install_os_deps.sh [--list] demo|test|ee" >&2
   exit 2
 }
 list=0
@@ -27,6 +29,7 @@ if [ "${1:-}" = --list ]; then list=1; shift; fi
 case "${1:-}" in
   demo) packages=("${demo[@]}") ;;
   test) packages=("${test[@]}") ;;
+  ee) packages=("${ee[@]}") ;;
   *) usage ;;
 esac
 if [ "$list" -eq 1 ]; then

@@ -59,6 +59,12 @@ def test_the_demo_installs_only_its_packages_and_the_tests_all_of_theirs():
     assert "tools/install_os_deps.sh demo" in make("-n", "demo") and "install_os_deps.sh test" not in make("-n", "demo")
     for target in ("test", "unit", "sanity", "integration"):
         assert "tools/install_os_deps.sh test" in make("-n", target), target
+    assert "tools/install_os_deps.sh ee" in make("-n", "ee")
+
+
+def test_only_install_os_deps_runs_apt():
+    """It waits for another holder of the dpkg lock; an apt-get of a target's own would fail at once."""
+    assert "apt-get" not in MAKEFILE.read_text()
 
 
 @pytest.mark.skipif(not shutil.which("dpkg"), reason="Debian's package database")
