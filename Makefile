@@ -21,7 +21,7 @@ AWX_VERSION := 24.6.1
 export ANSIBLE_PYTHON_INTERPRETER := $(CURDIR)/$(PY)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # What the targets below set up first: `make check` runs them on `prepared` (no apt step).
-SETUP ?= setup
+SETUP := setup
 
 .PHONY: help check prepared os-deps-demo setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint mutate bench gpu-wheels clean \
 	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook \
