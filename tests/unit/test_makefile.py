@@ -71,14 +71,17 @@ def test_only_install_os_deps_runs_apt():
 def test_the_demo_set_has_every_tool_its_systemd_host_needs():
     """Each program the fleet harness checks for comes from a demo package or one every Debian has."""
     demo = set(packages("demo"))
-    for tool in REQUIRED_TOOLS:
-        path = shutil.which(tool)
-        assert path, tool
-        owner = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True, check=False).stdout
-        if not owner:  # /bin and /usr/bin merged: dpkg knows the other path
-            owner = subprocess.run(["dpkg", "-S", path.replace("/usr/bin/", "/bin/").replace("/usr/sbin/", "/sbin/")],
-                                   capture_output=True, text=True, check=True).stdout
-        package = owner.split(":")[0]
-        priority = subprocess.run(["dpkg-query", "-W", "-f=${Priority}", package], capture_output=True, text=True,
-                                  check=True).stdout
-        assert package in demo or priority == "required", (tool, package, priority)
+    paths = {tool: shutil.which(tool) for tool in REQUIRED_TOOLS}
+    assert all(paths.values()), paths
+    # /bin and /usr/bin merged: dpkg knows one of the two paths; one query for all of them.
+    asked = [alias for path in paths.values() for alias in (path, re.sub(r"^/usr/(s?bin)/", r"/\1/", path))]
+    owners = {}
+    for line in subprocess.run(["dpkg", "-S", *asked], capture_output=True, text=True, check=False).stdout.splitlines():
+        package, path = line.split(": ", 1)
+        owners[path] = package
+    packages_of = {tool: owners.get(path) or owners[re.sub(r"^/usr/(s?bin)/", r"/\1/", path)] for tool, path in paths.items()}
+    priority = dict(line.split() for line in subprocess.run(
+        ["dpkg-query", "-W", "-f=${Package} ${Priority}\n", *set(packages_of.values())],
+        capture_output=True, text=True, check=True).stdout.splitlines())
+    assert [(tool, package) for tool, package in packages_of.items()
+            if package not in demo and priority[package] != "required"] == []
