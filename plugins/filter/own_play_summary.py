@@ -49,7 +49,9 @@ def inference_service_summary(result):
              "| %s |" % " | ".join(cell(row.get(key)) for key in ("host",) + tuple(key for key, dummy in SERVICE_COLUMNS))]
     lines += ["- %s: %s, ready s %s, acceptance %s" % tuple(cell(instance.get(key)) for key in (
         "unit", "service_status", "service_ready_s", "service_acceptance")) for instance in row.get("instances") or []]
-    lines += ["- %s" % cell(problem) for problem in row.get("problems") or []]
+    # A refusal before anything was touched is node_reset's problem in the fleet report, not the row's: said here.
+    problems = row.get("problems") or ([] if row.get("ok") else str(result.get("reason") or "").splitlines())
+    lines += ["- %s" % cell(problem) for problem in problems if problem]
     return lines + [WHERE % ("inference_service_result", "inference_service")]
 
 

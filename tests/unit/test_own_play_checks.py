@@ -101,3 +101,10 @@ def test_the_service_summary_has_the_service_columns_and_one_line_per_instance()
                           "- vllm-b.service: failed, ready s -, acceptance -"]
     assert "- vllm-b.service: service failed: exited" in lines
     assert lines[-1].startswith("The whole result is in inference_service_result;")
+
+
+def test_the_service_summary_says_why_a_refused_configuration_was_not_served():
+    # The fleet report gives a refusal to node_reset's row (`invalid`); the role's own summary says it itself.
+    result = {"host": "gpu-a01", "status": "failed", "stage": "validate",
+              "reason": "inference_service_port is \"abc\": it must be a TCP port from 1 to 65535."}
+    assert inference_service_summary(result)[3] == "- " + result["reason"]
