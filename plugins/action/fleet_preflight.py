@@ -8,59 +8,26 @@ targeted, and is every role variable given one the roles know?
 
 Ansible ends a run whose limit matches hosts, none of them in the play's group, with
 "skipping: no hosts matched" and exit status 0: an AWX job with a wrong inventory "succeeds".
-And a misspelled role variable (node_reset_grace_period) is ignored without a word. Both are
+And a misspelled role variable (node_reset_gpu_reset_gpu for node_reset_gpu_reset_gpus) would be
+ignored, its default often the widest choice (every GPU): it stops the run here, before any host is
+touched, unless cleanslate_allow_unknown_variables is true (plugin_utils/_unknown_variables.py). Both are
 checked here, in Python, once per run (fewer tasks: docs/design.md#why-tasks-are-few).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import no_target_message, targeted
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import shown as _shown
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_specs
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._unknown_variables import ALLOW, refusals
 
 ARGUMENT_SPEC = {
     "group": {"type": "str", "default": "gpu_nodes"},
 }
-# The roles whose variables are checked; a name with one of their prefixes must be one of theirs.
-ROLES = ("node_reset", "inference_service")
-# What the roles set for the user to read (facts), not variables to give; they are no misspelling.
-PUBLISHED = ("node_reset_result", "inference_service_result", "inference_service_assessment",
-             "inference_service_report_row")
-
-
-def known_variables() -> list:
-    """Every variable of every entry point of ROLES (their meta/argument_specs.yml), and PUBLISHED."""
-    names = set(PUBLISHED)
-    for role in ROLES:
-        for entry in load_specs(role).values():
-            names.update((entry or {}).get("options") or {})
-    return sorted(names)
-
-
-def unknown_variables(names, known) -> list:
-    """One sentence per name with a role's prefix that no role knows, with the nearest known name.
-
-    The roles' own names (`__node_reset_*`, `__inference_service_*`) and every name without a
-    role's prefix (fleet_*, ansible_*, the user's own) are not checked."""
-    prefixes = tuple(role + "_" for role in ROLES)
-    known = set(known)
-    sentences = []
-    for name in sorted({str(name) for name in names}):
-        if not name.startswith(prefixes) or name in known:
-            continue
-        near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-        role = next(role for role in ROLES if name.startswith(role + "_"))
-        sentences.append("%s is not a variable of the %s role, and is ignored%s" % (
-            _shown(name), role, ": did you mean %s?" % near[0] if near else
-            " (ansible-doc -t role cleanslate.gpu.%s lists its variables)." % role))
-    return sentences
 
 
 class ActionModule(ControllerAction):
@@ -79,7 +46,9 @@ class ActionModule(ControllerAction):
         first = hostvars[hosts[0]] if hosts[0] in hostvars else {}
         names = list(first.keys()) if isinstance(first, Mapping) else []
         names += [name for name in task_vars if name not in names]
-        unknown = unknown_variables(names, known_variables())
+        stops, unknown = refusals(names, self._templar.template(task_vars.get(ALLOW, False)))
+        if stops:
+            raise AnsibleActionFail("\n".join(stops))
         if unknown:
             result["warnings"] = list(result.get("warnings") or []) + unknown
         result.update(changed=False, hosts=hosts, unknown_variables=unknown,

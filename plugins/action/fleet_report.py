@@ -25,6 +25,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, held_words, host_row
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_table import cell as _cell, host_table
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 ARGUMENT_SPEC = {
@@ -150,11 +151,6 @@ def read_reports(patterns: list, kind: str) -> tuple:
     return list(rows.values()), files
 
 
-def _cell(value) -> str:
-    text = "" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def trigger_line(trigger) -> list:
     """Who started the run, when something other than a person did (the heal rulebook's alert)."""
     if not trigger:
@@ -193,21 +189,8 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
 
     read_only: nothing was stopped or removed, so the columns say what a reset would do, and
     each process a reset would stop is listed under its host."""
-    titles = ["host", "status", "killed", "MiB freed", "shm freed", "bytecode removed", "seconds"]
-    if read_only:
-        titles[2:6] = ["would stop", "MiB used", "shm would remove", "bytecode would remove"]
-    titles += [str(column.get("title") or column["key"]) for column in columns]
     lines = ["# Fleet %s report %s" % (kind, stamp), ""] + trigger_line(trigger)
-    lines += ["| %s |" % " | ".join(titles), "| --- | --- | ---: | ---: | ---: | ---: | ---: |" + " --- |" * len(columns)]
-    for row in rows:
-        used = row.get("mib_used") if isinstance(row.get("mib_used"), Mapping) else {}
-        mib = sum(_number(value) or 0 for value in used.values()) if read_only else _number(row.get("mib_freed")) or 0
-        cells = [_cell(row.get("host")), _cell(row.get("status")), "%d" % (_number(row.get("killed")) or 0),
-                 "%d" % mib, human_bytes(_number(row.get("shm_bytes_freed"))),
-                 "%d" % (_number(row.get("bytecode_removed")) or 0),
-                 "%.1f" % (_number(row.get("seconds"), float) or 0.0)]
-        cells += [_cell(row.get(column["key"])) for column in columns]
-        lines.append("| %s |" % " | ".join(cells))
+    lines += host_table(rows, columns, read_only)
     lines += render_instances([instance for row in rows for instance in row.get("instances") or []], read_only)
     bad = [row for row in rows if not row.get("ok")]
     lines += ["", "%s, %d not ok." % (count_of(len(rows), "host"), len(bad))]

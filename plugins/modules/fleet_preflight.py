@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: fleet_preflight
-short_description: Check that a fleet run targets a host of its group, and warn about misspelled role variables
+short_description: Check that a fleet run targets a host of its group and gives no misspelled role variable
 version_added: 0.1.0
 description:
   - Runs entirely on the controller, once per run (the fleet playbooks call it in their first play with C(run_once)).
@@ -16,11 +16,15 @@ description:
     Fails when no host of O(group) is targeted by the run (the inventory has none, or the limit matches none of them),
     with one sentence naming the group, the limit and the inventory. Without it, Ansible would print
     C(skipping: no hosts matched) and exit 0, and an AWX job with a wrong inventory would succeed.
-  - Warns, once per name, about each variable whose name starts with C(node_reset_) or C(inference_service_) that is
-    no variable of the C(cleanslate.gpu.node_reset) or C(cleanslate.gpu.inference_service) role (their
-    C(meta/argument_specs.yml)) nor a fact they set, naming the nearest known variable. Such a variable is otherwise
-    ignored without a word. Names starting with C(__) (the roles' own) and names without those prefixes are not
-    checked.
+  - >-
+    Fails, before any host is touched, when a variable whose name starts with C(node_reset_) or C(inference_service_)
+    is no variable of the C(cleanslate.gpu.node_reset) or C(cleanslate.gpu.inference_service) role (their
+    C(meta/argument_specs.yml)) nor a fact they set, with one sentence per name naming the nearest known variable.
+    Such a variable would be ignored, and a default is often the widest choice (C(node_reset_gpu_reset_gpu) for
+    C(node_reset_gpu_reset_gpus) would reset every GPU). Names starting with C(__) (the roles' own) and names without
+    those prefixes are not checked.
+  - With the variable C(cleanslate_allow_unknown_variables) true, such names are only warned about, once each, and
+    the run goes on; a value of it that is no boolean fails.
   - The variables checked are those the first targeted host of O(group) sees (extra vars, play vars, its group and host
     vars), not every host's, so that the check costs the same on one host or on a thousand.
 extends_documentation_fragment:
@@ -45,7 +49,7 @@ EXAMPLES = r"""
   hosts: all:localhost
   gather_facts: false
   tasks:
-    - name: Fail when no GPU node is targeted; warn about misspelled role variables
+    - name: Fail when no GPU node is targeted or a role variable is misspelled
       cleanslate.gpu.fleet_preflight:
         group: gpu_nodes
       run_once: true
@@ -59,10 +63,12 @@ hosts:
   elements: str
   sample: [gpu-node-01, gpu-node-02]
 unknown_variables:
-  description: The warnings, one per unknown role variable (also shown as warnings).
+  description: >-
+    One sentence per unknown role variable, when C(cleanslate_allow_unknown_variables) lets them pass (also shown as
+    warnings).
   returned: success
   type: list
   elements: str
-  sample: ["node_reset_grace_period is not a variable of the node_reset role, and is ignored: did you mean
+  sample: ["node_reset_grace_period is not a variable of the node_reset role: did you mean
             node_reset_gpu_reset_grace_period?"]
 """

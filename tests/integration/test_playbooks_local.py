@@ -52,6 +52,8 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
     proc, row = _playbook("reset", manifest, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert row["status"] == "ok" and row["killed"] > 0 and row["shm_bytes_freed"] > 0
+    # The fleet report is printed once: not the role's own-play summary beside it.
+    assert "Say what the role did" not in proc.stdout
 
     proc, row = _playbook("verify", manifest, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:]
