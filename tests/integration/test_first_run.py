@@ -101,6 +101,21 @@ def test_a_successful_run_does_not_end_with_no_hosts_matched(crashed_node, tmp_p
         assert "Fail the hosts that are not ok" not in proc.stdout
 
 
+def test_a_check_of_a_dirty_node_never_says_every_host_is_ok(crashed_node, tmp_path):
+    """reset.yml --check fails no host for GPUs in use (it stopped nothing), yet its report says
+    `1 not ok`: the last play's name, the run's last word, says why no host fails, not that every
+    host is ok."""
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(crashed_node, fleet_report_path=str(tmp_path / "reports"))))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", "inventory/simulated.yml", "-l", "gpu_nodes",
+                           "-e", f"@{extra}", "--check"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False, env=dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "1 host, 1 not ok." in proc.stdout, proc.stdout[-3000:]
+    assert "Every host is ok" not in proc.stdout and "every host is ok" not in proc.stdout, proc.stdout[-2000:]
+    assert "PLAY [Fail no host: a check stops nothing, and the hosts not ok are dirty" in proc.stdout
+
+
 @pytest.mark.parametrize("playbook", ["reset", "verify"])
 def test_a_host_that_does_not_answer_is_contacted_once(tmp_path, playbook):
     """With a unit and bytecode targets (the example inventory's bare-metal hosts), a reset used
