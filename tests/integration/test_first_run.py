@@ -138,5 +138,3 @@ def test_a_host_that_does_not_answer_is_contacted_once(tmp_path, playbook):
     assert report["problems"][0].startswith("unreachable: ") and "gpu-a01" in report["problems"][0], report
     # The task's own result names no step as failed: the host did not answer.
     assert '"failed_step": "pycache_purge"' not in proc.stdout and '"failed_step": "gpu_reset"' not in proc.stdout
-
-
