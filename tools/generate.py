@@ -27,6 +27,7 @@ GENERATORS = (
     "tools/gen_serve_settings.py",    # inference_service's defaults, spec options, stubs' options from its table
     "tools/gen_instance_tasks.py",    # reads inference_service's spec
     "tools/gen_variables_table.py",   # reads both roles' specs
+    "tools/gen_contents.py",          # reads the roles' specs (their short descriptions)
 )
 
 

@@ -485,7 +485,8 @@ REFUSED_ACTION = "not signalled: %s was refused (%s); run the module as root (be
 APPEARED_ACTION = ("appeared during the reset and still holds after %d rounds of signals: find what starts it "
                    "(a supervisor or a restarting service), stop that, then run again")
 ROOT_NEEDED = ("gpu_reset needs root (become: true): without it, other users' GPU holders can be neither seen (their "
-               "/proc/PID/maps) nor signalled; to stop only processes of your own, give users")
+               "/proc/PID/maps) nor signalled; to stop only your own user's processes instead, give your user name "
+               "in the option users (the role's node_reset_gpu_reset_users)")
 
 
 def compile_pattern(pattern, own):

@@ -27,8 +27,8 @@ description:
   - A family with O(families[].keep_previous=true) keeps its samples from the file this module wrote last
     time when that file has any, and takes the samples given here only otherwise. The roles use it for the
     time of the last success, which a failed run must not lose.
-  - When O(path) does not exist, nothing is written and RV(written) is false (node_exporter's package creates
-    the directory; a host without it has no collector to read the file).
+  - When O(path) does not exist, nothing is written, RV(written) is false and a warning says so, and why
+    (node_exporter's package creates the directory; a host without it has no collector to read the file).
   - The roles C(cleanslate.gpu.node_reset) and C(cleanslate.gpu.inference_service) call it with the families
     of the filter C(cleanslate.gpu.metric_families); docs/observability.md lists the metrics.
 extends_documentation_fragment:
@@ -159,6 +159,11 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import Te
 FILE_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}\Z")
 MODE = re.compile(r"0?[0-7]{3}\Z")
 
+# The one sentence of a missing directory; it names no host, so Ansible prints it once for a fleet.
+NO_DIRECTORY = ("no metrics file was written: %s does not exist, so no node_exporter textfile collector reads it "
+                "(node_reset_metrics_dir and inference_service_metrics_dir name the collector's "
+                "--collector.textfile.directory; node_reset_metrics and inference_service_metrics false write none)")
+
 
 def _value(metric, value, now):
     if isinstance(value, str):
@@ -220,8 +225,10 @@ def main():
         module.fail_json(msg="mode must be octal permissions such as 0644, got %r" % params["mode"])
     target = os.path.join(directory, name + ".prom")
     if not os.path.isdir(directory):
-        module.exit_json(changed=False, written=False, path=target,
-                         msg="%s does not exist: no textfile collector reads it, nothing written" % directory)
+        # A warning, not only msg (which a task that is ok never prints): the run says its metrics went nowhere.
+        missing = NO_DIRECTORY % directory
+        module.warn(missing)
+        module.exit_json(changed=False, written=False, path=target, msg=missing)
     try:
         with open(target, "rb") as handle:
             before = handle.read().decode("utf-8", "backslashreplace")

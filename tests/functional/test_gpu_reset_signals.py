@@ -162,6 +162,8 @@ def test_without_root_and_without_users_it_says_root_is_needed_before_signalling
     out = reset(holders, [{"params": {"device_paths": globs(shared_dev)}, "uid": NOBODY}])
     result = out["runs"][0]["result"]
     assert result["rc"] != 0 and "needs root" in result["msg"] and "users" in result["msg"]
+    # The way out, whole: what to give, and the role's variable that gives it.
+    assert result["msg"].endswith("give your user name in the option users (the role's node_reset_gpu_reset_users)")
     assert out["runs"][0]["alive"] == {"mine": True}
 
 

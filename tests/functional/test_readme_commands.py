@@ -1,6 +1,7 @@
 """The shell commands of README.md and docs/getting_started.md work as written, copied in order.
 
-Every command of their `sh` blocks, and every inline `ansible-playbook ...`, `ansible-galaxy ...`
+Every command of their shell blocks marked `not run` (tests/doc_blocks.py; the blocks marked `run`,
+tests/integration/test_doc_commands.py runs for real), and every inline `ansible-playbook ...`, `ansible-galaxy ...`
 or `make ...`, is checked against the checkout: a make target exists in the Makefile, a file
 copied or sourced exists, a collection or package installed is one the project names, and each
 ansible-playbook command names a playbook that exists and an inventory that exists, that an
@@ -19,33 +20,34 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.doc_blocks import PAGES, shell_blocks
+
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "docs/getting_started.md")
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 MAKEFILE = (REPO / "Makefile").read_text()
-SH_BLOCK = re.compile(r"^```(?:sh|bash|shell)\n(.*?)^```", re.S | re.M)
 INLINE = re.compile(r"`((?:ansible-playbook|ansible-galaxy|make)\s[^`]+)`")
 # "`inventory.yml`:" (or "... `pve.yml`:") at the end of a line, then a YAML block: the page's file.
 NAMED_YAML = re.compile(r"`([\w.-]+\.ya?ml)`:\n\n```ya?ml\n(.*?)^```", re.S | re.M)
 
 
 def page_commands(doc: str) -> list:
-    """[(argv, line)] in the page's order: the sh blocks' lines, then inline commands."""
+    """[(argv, line)] in the page's order: the lines of the shell blocks marked not run (those marked
+    run, tests/integration/test_doc_commands.py runs), then inline commands."""
     text = (REPO / doc).read_text()
     found = []
-    for block in SH_BLOCK.finditer(text):
-        start = text[:block.start()].count("\n") + 2
-        for offset, line in enumerate(block.group(1).splitlines()):
+    for block in shell_blocks(doc):
+        assert block.marker, "%s: the shell block has no doc-commands marker before it (tests/doc_blocks.py)" % block.where
+        for number, line in [] if block.run else block.lines:
             argv = shlex.split(line, comments=True)
             if argv:
-                found.append((argv, start + offset))
+                found.append((argv, number))
     for span in INLINE.finditer(text):
         found.append((shlex.split(" ".join(span.group(1).split())), text[:span.start()].count("\n") + 1))
     return sorted(found, key=lambda item: item[1])
 
 
-CASES = [(doc, argv, line) for doc in DOCS for argv, line in page_commands(doc)]
+CASES = [(doc, argv, line) for doc in PAGES for argv, line in page_commands(doc)]
 
 
 def _copies_before(doc: str, line: int) -> dict:

@@ -144,6 +144,11 @@ def test_a_missing_directory_gets_no_file(tmp_path):
     result = write(tmp_path / "absent", [family("cleanslate_gpu_run_ok", [{"labels": {}, "value": 1}])])
     assert result["rc"] == 0 and not result["changed"] and not result["written"], result
     assert "does not exist" in result["msg"] and not (tmp_path / "absent").exists()
+    # Said in the run's output too (a task that is ok prints no msg): one warning (ansible-core 2.19
+    # returns them structured), naming the directory and the roles' variables, and no host.
+    (warning,) = result.get("warnings", [])
+    assert "no metrics file was written: %s does not exist" % (tmp_path / "absent") in str(warning), result
+    assert "node_reset_metrics_dir" in str(warning) and "inference_service_metrics_dir" in str(warning), warning
 
 
 BAD = [
