@@ -22,6 +22,7 @@ from ansible.errors import AnsibleActionFail
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import no_target_message, targeted
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import shown as _shown
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import problems as playbook_problems
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_specs
 
@@ -73,6 +74,10 @@ class ActionModule(ControllerAction):
         if not hosts:
             raise AnsibleActionFail(no_target_message(group, task_vars.get("ansible_limit"), groups,
                                                       task_vars.get("ansible_inventory_sources")))
+        # Before the next play's keywords read them (serial: fleet_serial): a failure here ends the run.
+        bad = playbook_problems(task_vars, self._templar.template)
+        if bad:
+            raise AnsibleActionFail("\n".join(bad))
         # The variables as the first targeted host sees them: extra vars, play vars, its group
         # and host vars: one host's view, not every host's (docs/design.md#why-tasks-are-few).
         hostvars = task_vars.get("hostvars") or {}
