@@ -85,7 +85,7 @@ VARIABLES = (
                      "reset every host, the healthy ones too", ("reset_and_serve.yml",), boolean_ok),
     PlaybookVariable("fleet_report_path", "reports", "a directory: a text that is not blank and holds no NUL",
                      "the directory of the fleet report, relative to the directory `ansible-playbook` runs in",
-                     FLEET, directory_ok),
+                     FLEET + ("merge_reports.yml",), directory_ok),
 )
 
 
