@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: fleet_preflight
-short_description: Check that a fleet run targets a host of its group and its playbook variables, and warn about misspelled role variables
+short_description: Check what a fleet run targets and its playbook variables; warn about misspelled role variables
 version_added: 0.1.0
 description:
   - Runs entirely on the controller, once per run (the fleet playbooks call it in their first play with C(run_once)).
