@@ -8,8 +8,8 @@ Each role's `main` entry point in roles/<role>/meta/argument_specs.yml becomes o
 
 in README.md; the playbooks' own variables (fleet_serial...) one more, labelled `playbooks`, from
 the table fleet_preflight checks them with (plugins/plugin_utils/_playbook_variables.py). It reads
-the specs that tools/gen_node_reset_docs.py writes into, so tools/generate.py runs it after that one. Ansible's documentation markup (C(), O(), V(), RV(), I(), B(), U(), L(), M()) becomes
-Markdown.
+the specs that tools/gen_node_reset_docs.py writes into, so tools/generate.py runs it after that one.
+Ansible's documentation markup (C(), O(), V(), RV(), I(), B(), U(), L(), M()) becomes Markdown.
 
 Usage: python tools/gen_variables_table.py [--check] [--root DIR]
   --check   write nothing; exit 1 naming each table that differs from the specs
