@@ -54,8 +54,8 @@ VARIABLE_OF = {"path": "heal_state_path", "metrics_dir": "heal_metrics_dir", "ma
 def _positive(name, value, integer=False, most=LONGEST_S):
     """`value` as a number within (0, most]; one sentence naming `name` otherwise."""
     kind = "a whole number" if integer else "a number of seconds"
-    problem = "%s must be %s between 1 and %d, got %s (the playbooks' %s)" % (name, kind, most, shown(value),
-                                                                               VARIABLE_OF[name])
+    problem = "%s must be %s between 1 and %d, got %s (the playbooks' %s)" % (
+        name, kind, most, shown(value), VARIABLE_OF[name])
     if isinstance(value, bool):
         raise AnsibleActionFail(problem)
     try:
