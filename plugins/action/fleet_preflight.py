@@ -22,6 +22,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import no_target_message, targeted
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import problems as playbook_problems
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._unknown_variables import ALLOW, refusals
 
@@ -47,8 +48,11 @@ class ActionModule(ControllerAction):
         names = list(first.keys()) if isinstance(first, Mapping) else []
         names += [name for name in task_vars if name not in names]
         stops, unknown = refusals(names, self._templar.template(task_vars.get(ALLOW, False)))
-        if stops:
-            raise AnsibleActionFail("\n".join(stops))
+        # Every refusal at once, before the next play's keywords read a playbook variable (serial:
+        # fleet_serial): a failure here ends the run.
+        bad = playbook_problems(task_vars, self._templar.template) + stops
+        if bad:
+            raise AnsibleActionFail("\n".join(bad))
         if unknown:
             result["warnings"] = list(result.get("warnings") or []) + unknown
         result.update(changed=False, hosts=hosts, unknown_variables=unknown,

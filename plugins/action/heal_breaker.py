@@ -24,6 +24,7 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs impor
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _heal_breaker as breaker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._heal_alert import event_of, raw_field, read_alert
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import shown
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import load_spec
 
 display = Display()
@@ -45,12 +46,16 @@ ARGUMENT_SPEC = {
 # A year: anything longer is a typo (and a float that large loses the seconds).
 LONGEST_S = 366 * 86400
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The variable heal.yml and heal_breaker_close.yml give each option from: a sentence names it too.
+VARIABLE_OF = {"path": "heal_state_path", "metrics_dir": "heal_metrics_dir", "max_heals": "heal_max_heals",
+               "window_s": "heal_window_s", "quiet_s": "heal_quiet_s"}
 
 
 def _positive(name, value, integer=False, most=LONGEST_S):
     """`value` as a number within (0, most]; one sentence naming `name` otherwise."""
     kind = "a whole number" if integer else "a number of seconds"
-    problem = "%s must be %s between 1 and %d, got %r" % (name, kind, most, value)
+    problem = "%s must be %s between 1 and %d, got %s (the playbooks' %s)" % (
+        name, kind, most, shown(value), VARIABLE_OF[name])
     if isinstance(value, bool):
         raise AnsibleActionFail(problem)
     try:
@@ -73,7 +78,8 @@ def check_args(args) -> dict:
         if name == "metrics_dir" and value == "":
             continue
         if not os.path.isabs(value) or CONTROL.search(value):
-            problems.append("%s %r must be an absolute path on the controller" % (name, value))
+            problems.append("%s %s must be an absolute path on the controller (the playbooks' %s)"
+                            % (name, shown(value), VARIABLE_OF[name]))
     # Written by root or the rulebook's user: nobody else may choose where (module_utils/_trusted_dirs.py).
     owners = (os.geteuid(),)
     for name, directory in (("path", os.path.dirname(args["path"])), ("metrics_dir", args["metrics_dir"])):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: fleet_preflight
-short_description: Check that a fleet run targets a host of its group and gives no misspelled role variable
+short_description: Check what a fleet run targets, its playbook variables, and that no role variable is misspelled
 version_added: 0.1.0
 description:
   - Runs entirely on the controller, once per run (the fleet playbooks call it in their first play with C(run_once)).
@@ -16,6 +16,12 @@ description:
     Fails when no host of O(group) is targeted by the run (the inventory has none, or the limit matches none of them),
     with one sentence naming the group, the limit and the inventory. Without it, Ansible would print
     C(skipping: no hosts matched) and exit 0, and an AWX job with a wrong inventory would succeed.
+  - >-
+    Fails when a variable of the fleet playbooks themselves (C(fleet_serial), C(fleet_max_fail_percentage),
+    C(fleet_force_reset), C(fleet_report_path)) has a value they cannot use, with one sentence per variable naming it,
+    its value (one short line) and what it accepts; a template is rendered first, as the playbooks' keywords render
+    it, and one that does not render is such a value. The fleet playbooks' first play runs it before the next play
+    reads C(serial), which ansible-core turns into a number without error handling (C(abc) was a Python traceback).
   - >-
     Fails, before any host is touched, when a variable whose name starts with C(node_reset_) or C(inference_service_)
     is no variable of the C(cleanslate.gpu.node_reset) or C(cleanslate.gpu.inference_service) role (their

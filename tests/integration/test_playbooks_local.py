@@ -62,6 +62,30 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
         assert all(_alive(entry["pid"]) for entry in manifest["processes"][role])
 
 
+def test_a_bad_fleet_serial_ends_the_run_with_one_sentence_before_anything_is_touched(crashed_node, tmp_path):
+    """`-e fleet_serial=abc` ended in ansible-core's traceback (exit 250) when the reset play's `serial`
+    was read; the first play now refuses it, naming the variable and what it accepts, and the node
+    (every process, every leftover) is untouched, no report written."""
+    manifest = crashed_node
+    every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"))))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml",
+                           "-i", "inventory/simulated.yml", "-l", "gpu_nodes", "-e", f"@{extra}",
+                           "-e", "fleet_serial=abc"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False, env=env)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-3000:]
+    assert "Traceback" not in output and "Unexpected Exception" not in output, output[-3000:]
+    assert "fleet_serial is 'abc': it must be a whole number of hosts" in proc.stdout, output[-3000:]
+    assert "PLAY [Reset GPU nodes]" not in proc.stdout
+    assert all(_alive(pid) for pid in every_pid), "a refused run must not signal anything"
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+    assert not list((tmp_path / "reports").glob("*"))
+
+
 def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_path):
     """A host that never answers is `unreachable` (also without a unit, where the first task that
     reaches the node is gpu_reset); one whose step fails is `failed` with the error, in both playbooks."""

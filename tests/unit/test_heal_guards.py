@@ -99,3 +99,16 @@ def test_the_options_bounds_are_inclusive():
     for name, value in (("max_heals", 1001), ("window_s", LONGEST_S + 1), ("quiet_s", 0.999)):
         with pytest.raises(AnsibleActionFail, match="^%s must be" % name):
             action.check_args(args(**{name: value}))
+
+
+@pytest.mark.parametrize("name, value", [("max_heals", "9" * 100000), ("window_s", "1\n{{ }}"),
+                                         ("quiet_s", "\u00a0" * 5000), ("path", "relative\n" * 5000),
+                                         ("metrics_dir", "x" * 100000)])
+def test_a_bad_option_is_one_short_line_naming_the_playbooks_variable(name, value):
+    """heal.yml's first task: a huge or multi-line value of heal_window_s... is shown cut, on one line,
+    with the variable the playbook read it from."""
+    with pytest.raises(AnsibleActionFail) as caught:
+        action.check_args(args(**{name: value}))
+    sentence = str(caught.value.message)
+    assert sentence.startswith(name + " ") and "(the playbooks' %s)" % action.VARIABLE_OF[name] in sentence
+    assert "\n" not in sentence and len(sentence) < 300 and sentence.isprintable(), sentence

@@ -62,8 +62,10 @@ def test_every_declared_variable_is_in_the_readme_with_its_default(role):
 
 @pytest.fixture
 def checkout(tmp_path) -> Path:
-    """The README and the specs in a scratch root, for the tool to compare and rewrite."""
+    """The README, the specs and the playbooks' variables in a scratch root, for the tool to compare and rewrite."""
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
+    (tmp_path / "plugins" / "plugin_utils").mkdir(parents=True)
+    shutil.copy(REPO / "plugins" / "plugin_utils" / "_playbook_variables.py", tmp_path / "plugins" / "plugin_utils")
     for role in ROLES:
         meta = tmp_path / "roles" / role / "meta"
         meta.mkdir(parents=True)

@@ -33,7 +33,8 @@ SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "pl
            "plugins/plugin_utils/_serve_command.py", "plugins/plugin_utils/_engine_flags.py",
            "plugins/filter/inference_service.py", "plugins/plugin_utils/_heal_breaker.py",
            "plugins/modules/inference_files.py", "plugins/modules/inference_host.py",
-           "plugins/module_utils/_installed_version.py", "plugins/modules/inference_dry_run.py")
+           "plugins/module_utils/_installed_version.py", "plugins/modules/inference_dry_run.py",
+           "plugins/plugin_utils/_playbook_variables.py")
 DOC_BLOCKS = ("DOCUMENTATION", "EXAMPLES", "RETURN")
 CONSTANT = re.compile(r"_(ACTION|NEEDED)$|^NOT_RUN$")
 INTERNAL_ERRORS = ("TypeError", "ValueError", "KeyError", "AssertionError")
