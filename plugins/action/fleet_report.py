@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import cut_command_line, held_words
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import REMOVED_BY_A_RESET, cut_command_line, held_words
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, host_row
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
@@ -197,7 +197,10 @@ def render_leftovers(rows: list, key: str, title: str) -> list:
         left_out = _number(row.get(key + "_left_out")) or 0
         lines.append("- %s: %d %s, %d kept%s" % (_cell(row.get("host")), len(gone), "would be removed" if would else "removed",
                                                  len(kept), " (%d more in no list)" % left_out if left_out else ""))
-        lines += ["  - kept %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in kept]
+        # A segment kept in use is in "Kept in use" above, with its size; here only when a reset removes it.
+        in_use = {item.get("path") for item in row.get("shm_in_use") or []} if key == "shm_leftovers" else set()
+        lines += ["  - kept %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in kept
+                  if item.get("path") not in in_use or str(item.get("why")).endswith(REMOVED_BY_A_RESET)]
         lines += ["  - removed %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in gone
                   if str(item.get("why") or "").startswith("held only by")]
     return lines

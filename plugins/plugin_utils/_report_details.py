@@ -19,6 +19,8 @@ from collections.abc import Mapping
 MAX_LISTED = 50
 # A command line longer than this is cut, saying how much was left out (after masking: no half secret).
 CMDLINE_CHARS = 300
+# What a read-only run says of an entry kept in use only by processes a reset would stop.
+REMOVED_BY_A_RESET = ", which a reset stops: the reset removes it"
 
 
 def _ran(step) -> bool:
@@ -124,7 +126,7 @@ def leftovers(steps: Mapping, area: str, read_only: bool = False) -> list:
     for item in in_use.values():
         why = "in use: " + held_words(dict(item, holders=holders(item)))
         if read_only and _held_only_by(item, ended):
-            why += ", which a reset stops: the reset removes it"
+            why += REMOVED_BY_A_RESET
         found.append({"path": str(item.get("path")), "done": "kept", "why": why})
     found += [{"path": str(item.get("path")), "done": "kept", "why": str(item.get("why") or "")}
               for item in ours(shm, "kept")]
