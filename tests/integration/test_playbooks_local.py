@@ -140,7 +140,15 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     assert all(holder["name"] not in ("", "?") for item in row["shm_in_use"] for holder in item["holders"]), row
     mapper = manifest["shm"]["in_use"][0]
     assert "held by pid %d (" % mapper["pid"] in markdown and os.path.basename(mapper["path"]) in markdown
-    assert row["tmp_leftovers"] == [{"path": str(socket_path), "done": "would remove", "why": ""}], row["tmp_leftovers"]
+    assert row["tmp_leftovers"] == [{"path": str(socket_path), "done": "would remove",
+                                     "why": "no live process held it (nor bound it)"}], row["tmp_leftovers"]
+    # The segment a worker holds open is kept now, and the report says that the reset removes it (the
+    # reset removes one more segment than its check said).
+    worker_fd = manifest["shm"]["in_use"][1]
+    kept = {entry["path"]: entry for entry in row["shm_leftovers"]}[worker_fd["path"]]
+    assert kept["done"] == "kept" and kept["why"].startswith("in use: pid %d (" % worker_fd["pid"]), kept
+    assert kept["why"].endswith(", which a reset stops: the reset removes it"), kept
+    assert "  - kept %s: %s" % (worker_fd["path"], kept["why"]) in markdown
     assert "- simulated-node: 1 would be removed, 0 kept" in markdown and socket_path.is_socket()
     # The printed table counts what a reset would stop, not 0, with sizes people read.
     row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
