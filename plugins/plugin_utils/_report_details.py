@@ -23,12 +23,13 @@ CMDLINE_CHARS = 300
 REMOVED_BY_A_RESET = ", which a reset stops: the reset removes it"
 
 
-def _ran(step) -> bool:
+def ran(step) -> bool:
+    """Whether a registered step result is the step's own answer (not skipped, reached)."""
     return isinstance(step, Mapping) and bool(step) and not step.get("skipped") and not step.get("unreachable")
 
 
 def _entries(step, key) -> list:
-    return [item for item in (step.get(key) if _ran(step) else None) or [] if isinstance(item, Mapping)]
+    return [item for item in (step.get(key) if ran(step) else None) or [] if isinstance(item, Mapping)]
 
 
 def bounded(items: list) -> tuple:
@@ -104,7 +105,7 @@ def leftovers(steps: Mapping, area: str, read_only: bool = False) -> list:
     reset removes it. A read-only run says of an entry kept in use only by processes a reset would
     stop that the reset removes it."""
     shm = steps.get("shm_clean") or {}
-    if not _ran(shm):
+    if not ran(shm):
         return []
 
     def ours(step, key):

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import (bounded, holders, leftovers,
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import (bounded, holders, leftovers, ran as _ran,
                                                                                      stopped, would_stop)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import as_number
 
@@ -32,11 +32,6 @@ def figure(value, kind=int):
     or not finite."""
     number = as_number(value)
     return kind(number) if number is not None and math.isfinite(number) else None
-
-
-def _ran(step) -> bool:
-    """Whether a registered step result is the step's own answer (not skipped, reached)."""
-    return isinstance(step, Mapping) and bool(step) and not step.get("skipped") and not step.get("unreachable")
 
 
 def _gpus(step, key="gpus") -> list:
