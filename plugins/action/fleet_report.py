@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, held_words, host_row
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import REMOVED_BY_A_RESET, cut_command_line, held_words
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, host_row
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_table import cell as _cell, host_table
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
@@ -40,6 +41,8 @@ ARGUMENT_SPEC = {
     "trigger": {"type": "dict"},
 }
 RESULT_FACT = "node_reset_result"
+# The Markdown's short form of a command line; the JSON row has it up to _report_details.CMDLINE_CHARS.
+MARKDOWN_CMDLINE_CHARS = 120
 # Both end up in file names: no separators, no dot-dot.
 KIND = re.compile(r"[a-z][a-z0-9_-]{0,31}\Z")
 STAMP = re.compile(r"[0-9A-Za-z_-]{1,64}\Z")
@@ -160,8 +163,9 @@ def trigger_line(trigger) -> list:
 
 
 def render_kept(rows: list) -> list:
-    """The short form of what shm_clean kept in use (segment, size, holders) and did in tmp_path (how many
-    removed, each kept one with why); the JSON rows have every entry."""
+    """The short form of what shm_clean kept in use (segment, size, holders) and did in /dev/shm and tmp_path
+    (how many removed, each kept one with why, each one removed because the reset stopped its holder);
+    the JSON rows have every entry."""
     lines = []
     held = [row for row in rows if row.get("shm_in_use")]
     if held:
@@ -171,16 +175,50 @@ def render_kept(rows: list) -> list:
             cells = (_cell(row.get("host")), _cell(item.get("path")), human_bytes(_number(item.get("bytes"))),
                      _cell(held_words(item)))
             lines.append("- %s: %s, %s, held by %s" % cells)
-    leftovers = [row for row in rows if row.get("tmp_leftovers")]
-    if leftovers:
-        lines += ["", "Engine leftovers in tmp_path:"]
-    for row in leftovers:
-        gone = [item for item in row["tmp_leftovers"] if item.get("done") != "kept"]
-        kept = [item for item in row["tmp_leftovers"] if item.get("done") == "kept"]
+    for key, title in (("shm_leftovers", "Leftovers in the shared memory directory:"),
+                       ("tmp_leftovers", "Engine leftovers in tmp_path:")):
+        lines += render_leftovers(rows, key, title)
+    return lines
+
+
+def render_leftovers(rows: list, key: str, title: str) -> list:
+    """Per host: how many entries were removed and kept, each kept one with why, and each one removed
+    that a check kept (its holders were stopped by the reset; in a check, ones the reset would stop)."""
+    with_any = [row for row in rows if row.get(key)]
+    lines = ["", title] if with_any else []
+    for row in with_any:
+        gone = [item for item in row[key] if item.get("done") != "kept"]
+        kept = [item for item in row[key] if item.get("done") == "kept"]
         would = any(item.get("done") == "would remove" for item in gone)
-        lines.append("- %s: %d %s, %d kept" % (_cell(row.get("host")), len(gone), "would be removed" if would else "removed",
-                                               len(kept)))
-        lines += ["  - kept %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in kept]
+        left_out = _number(row.get(key + "_left_out")) or 0
+        lines.append("- %s: %d %s, %d kept%s" % (_cell(row.get("host")), len(gone), "would be removed" if would else "removed",
+                                                 len(kept), " (%d more in no list)" % left_out if left_out else ""))
+        # A segment kept in use is in "Kept in use" above, with its size; here only when a reset removes it.
+        in_use = {item.get("path") for item in row.get("shm_in_use") or []} if key == "shm_leftovers" else set()
+        lines += ["  - kept %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in kept
+                  if item.get("path") not in in_use or str(item.get("why")).endswith(REMOVED_BY_A_RESET)]
+        lines += ["  - removed %s: %s" % (_cell(item.get("path")), _cell(item.get("why"))) for item in gone
+                  if str(item.get("why") or "").startswith("held only by")]
+    return lines
+
+
+def render_processes(rows: list, read_only: bool) -> list:
+    """Each process the reset stopped (a check: would stop), one line each: pid, name, the signal that
+    ended it, its GPUs, why it was chosen and its command line (masked by gpu_reset, cut here)."""
+    key = "would_stop" if read_only else "stopped"
+    with_any = [row for row in rows if row.get(key)]
+    lines = ["", "A reset would stop:" if read_only else "Stopped:"] if with_any else []
+    for row in with_any:
+        lines.append("- %s:" % _cell(row.get("host")))
+        for target in row[key]:
+            gpus = ",".join(str(gpu) for gpu in target.get("gpus") or []) or "none"
+            how = "" if read_only else "%s, " % _cell(target.get("signal"))
+            lines.append("  - pid %s %s (%sGPU %s; %s): %s" % (
+                _cell(target.get("pid")), _cell(target.get("name")), how, gpus, _cell(target.get("reason")),
+                _cell(cut_command_line(target.get("cmdline"), MARKDOWN_CMDLINE_CHARS))))
+        left_out = _number(row.get(key + "_left_out")) or 0
+        if left_out:
+            lines.append("  - and %s, not listed" % count_of(left_out, "more process"))
     return lines
 
 
@@ -200,14 +238,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
         lines.append("- %s (%s):" % (row.get("host"), row.get("status")))
         lines += ["  - %s" % problem for problem in problems]
     lines += render_kept(rows)
-    stopping = [row for row in rows if row.get("would_stop")]
-    if stopping:
-        lines += ["", "A reset would stop:"]
-    for row in stopping:
-        lines.append("- %s:" % _cell(row.get("host")))
-        for target in row["would_stop"]:
-            cells = [_cell(target.get(key)) for key in ("pid", "name", "reason", "cmdline")]
-            lines.append("  - pid %s %s (%s): %s" % tuple(cells))
+    lines += render_processes(rows, read_only)
     return "\n".join(lines) + "\n"
 
 

@@ -44,6 +44,10 @@ class ActionModule(ActionBase):
         for name in STEPS:
             if args[name] is None:
                 continue
+            if name == "gpu_reset" and args["shm_clean"] is not None and not self._task.check_mode:
+                if not self._look_at_leftovers(args["shm_clean"], task_vars, steps):
+                    result.update(unreachable=True, msg=steps["shm_before"]["msg"], failed_step="unreachable")
+                    return result
             try:
                 answer = self._execute_module(module_name="cleanslate.gpu.%s" % name,
                                               module_args=dict(args[name]), task_vars=task_vars)
@@ -69,3 +73,21 @@ class ActionModule(ActionBase):
         if diffs:
             result["diff"] = diffs
         return result
+
+    def _look_at_leftovers(self, shm_args, task_vars, steps):
+        """shm_clean in check mode before anything is signalled: steps['shm_before'] keeps who held
+        each leftover then (`in_use`), so that the report can say a segment the reset removed was held
+        only by a process it stopped (check mode keeps it; the reset removes it). Its changes, diff and
+        warnings are the real step's to say. False: the host did not answer."""
+        self._task.check_mode = True
+        try:
+            answer = self._execute_module(module_name="cleanslate.gpu.shm_clean", module_args=dict(shm_args),
+                                          task_vars=task_vars)
+        except AnsibleConnectionFailure as exc:
+            steps["shm_before"] = {"unreachable": True, "msg": str(exc)}
+            return False
+        finally:
+            self._task.check_mode = False
+        # A look that failed (the real step fails the same way, and says so) names no holder.
+        steps["shm_before"] = {key: answer[key] for key in ("in_use", "elapsed_s") if key in answer and not answer.get("failed")}
+        return True

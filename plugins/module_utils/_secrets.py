@@ -86,3 +86,40 @@ def secret_values(secrets) -> list:
     # YAML reads an all-digit secret as a number; a mapping or list here was refused by the type check.
     return [(name, str(value)) for name, value in named
             if isinstance(value, (str, int, float)) and not isinstance(value, bool) and str(value) != ""]
+
+
+# What names a secret in a command line any program may have (a process a reset stops is not
+# necessarily one this collection started, so its secrets are not known by value): a flag or an
+# environment assignment one of whose words is one of these (--api-key, --hf-token, HF_TOKEN=,
+# --password), never a longer word (--tokenizer, --max-num-batched-tokens are no secrets).
+SECRET_WORDS = frozenset(("key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials",
+                          "auth"))
+_NAME_WORDS = re.compile(r"[a-z0-9]+")
+_ASSIGNMENT = re.compile(r"(-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)=(.+)", re.DOTALL)
+_BEARER = re.compile(r"\b(?:Bearer|Basic)\s+(\S+)", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"://[^/\s:@]*:([^/\s@]+)@")
+
+
+def _names_secret(name) -> bool:
+    return bool(SECRET_WORDS.intersection(_NAME_WORDS.findall(name.lower())))
+
+
+def argument_secrets(argv) -> list:
+    """The secret values an argument vector carries: the value of a flag that names a secret
+    (`--api-key K`, `--api-key=K`), of such an environment assignment (`HF_TOKEN=K`), a bearer
+    token, a URL's password. A flag's value is the next argument unless that is a flag itself."""
+    found = []
+    for at, arg in enumerate(argv):
+        assignment = _ASSIGNMENT.match(arg)
+        if assignment and _names_secret(assignment.group(1)):
+            found.append(assignment.group(2))
+        elif arg.startswith("-") and _names_secret(arg) and at + 1 < len(argv) and not argv[at + 1].startswith("--"):
+            found.append(argv[at + 1])
+        found += _BEARER.findall(arg) + _URL_PASSWORD.findall(arg)
+    return [value for value in found if value]
+
+
+def masked_command_line(argv) -> str:
+    """The arguments joined by spaces, every form of every secret they carry (argument_secrets)
+    replaced by MARK, wherever it appears in the line (a key given twice, or inside a URL)."""
+    return Masker(argument_secrets(argv))(" ".join(argv))

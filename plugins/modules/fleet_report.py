@@ -64,17 +64,24 @@ options:
         C(mib_freed), C(mib_freed_per_gpu) (by GPU index before the reset; a GPU without a reading after it has no
         entry), C(gpus_lost) (C({index, uuid})), C(shm_bytes_freed), C(shm_in_use) (each segment shm_clean kept because
         a live process maps or holds it, C({path, bytes, size, holders}) with each holder''s C({pid, name})),
-        C(tmp_leftovers) (each entry of shm_clean''s C(tmp_path), C({path, done, why}) with C(done) C(removed),
-        C(would remove) or C(kept)), C(bytecode_removed), C(seconds),
+        C(shm_leftovers) and C(tmp_leftovers) (each entry of shm_clean''s C(path) and C(tmp_path), C({path, done, why})
+        with C(done) C(removed), C(would remove) or C(kept); a removed entry says whether nobody held it or it was held
+        only by processes the reset stopped, a kept one its holder or shm_clean''s rule), C(stopped) (a real reset: one
+        C({pid, name, cmdline, gpus, reason, signal, seconds}) per process it stopped, C(signal) V(SIGTERM) or
+        V(SIGKILL), C(cmdline) with its secrets masked by gpu_reset), C(bytecode_removed), C(seconds),
         C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run; for the
         instances of a host with several servers, C(gpu_uuids) (UUID by index before the reset) and C(killed_gpus) (the
         GPU indices each killed process held).'
+      - 'Each list of processes or leftovers keeps its first 50 entries, and C(stopped_left_out), C(would_stop_left_out),
+        C(shm_leftovers_left_out) and C(tmp_leftovers_left_out) count the rest; a command line is cut after 300
+        characters, saying how many more there were.'
       - 'In a read-only run (a verify run, or any run in check mode) each row also has C(would_stop), one
-        C({pid, name, cmdline, reason}) per process a reset would stop, and C(mib_used) (MiB used per GPU index); the
+        C({pid, name, cmdline, gpus, reason}) per process a reset would stop, and C(mib_used) (MiB used per GPU index); the
         Markdown table titles its columns C(would stop), C(MiB used), C(shm would remove) and C(bytecode would remove),
         and lists each process a reset would stop under its host.'
-      - 'Under the table the Markdown lists each segment kept in use with its size and holders (C(Kept in use)), and per
-        host how many of shm_clean''s C(tmp_path) leftovers were removed and each kept one with why.'
+      - 'Under the table the Markdown lists each segment kept in use with its size and holders (C(Kept in use)); per
+        host how many of shm_clean''s leftovers were removed, each kept one with why and each one removed because the
+        reset stopped its holder; then each process stopped (C(Stopped)) or that a reset would stop, one line each.'
       - C(seconds) is the sum of C(seconds_per_step), the times the host's modules measured; a skipped step has none.
     type: list
     elements: str

@@ -241,9 +241,13 @@ targets:
       type: str
       sample: VLLM::EngineCor
     cmdline:
-      description: Command line, arguments joined by spaces.
+      description:
+        - Command line, arguments joined by spaces.
+        - The value of a flag or environment assignment that names a secret (C(--api-key), C(--hf-token),
+          C(HF_TOKEN=), C(--password)), a bearer token and a URL's password are replaced by C(********), wherever
+          they appear in the line.
       type: str
-      sample: python3 -m vllm.entrypoints.openai.api_server --model m
+      sample: python3 -m vllm.entrypoints.openai.api_server --model m --api-key ********
     create_time:
       description: Start time, seconds since the epoch.
       type: float
@@ -449,6 +453,7 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import masked_command_line
 from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
 
 try:
@@ -890,7 +895,8 @@ def describe(planner, pid, reason, round_no):
     names = owner(pid)
     info = {"pid": pid, "ppid": now["ppid"], "name": printable(name), "create_time": round(_procs.start_time(now), 2),
             "user": printable(names[0]) if names else ""}
-    info["cmdline"] = printable(" ".join(planner.cmdline(pid)))
+    # Masked here, at the source: the result is printed whole at -vvv, and the diff and the report read it.
+    info["cmdline"] = printable(masked_command_line(planner.cmdline(pid)))
     info["gpus"] = sorted(planner.gpus_of(pid))
     info["devices"] = [printable(path) for path in planner.maps(pid)]
     used = [mib for gpu, mib in planner.listed_on.get(pid, {}).items() if mib is not None and gpu in planner.listed(pid)]

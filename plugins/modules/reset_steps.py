@@ -21,6 +21,10 @@ description:
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
     RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
     results of the steps done so far.
+  - Outside check mode, when both O(gpu_reset) and O(shm_clean) are given, M(cleanslate.gpu.shm_clean) also runs once
+    in check mode before M(cleanslate.gpu.gpu_reset) signals anything, a look that removes nothing; its RV(steps)
+    entry C(shm_before) keeps its C(in_use) (who held each leftover then), so that a report can say that a segment
+    the reset removed was held only by a process the reset stopped.
   - One task instead of four, so that the controller pays for one task per host, not four (the collection's
     C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role runs its steps with it; the four
     modules stay usable one by one.
@@ -82,6 +86,8 @@ steps:
   description:
     - The result of every step that ran, by its module's name, as the module returned it (see each module's return
       values). A step that found the host gone holds C(unreachable) (true) and C(msg).
+    - C(shm_before), outside check mode, is the look before the signals (see the description), C({in_use, elapsed_s})
+      of M(cleanslate.gpu.shm_clean) in check mode; empty when that look failed (the real step then says why).
   returned: always
   type: dict
   sample:

@@ -17,6 +17,8 @@ import math
 from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import (bounded, holders, leftovers, ran as _ran,
+                                                                                     stopped, would_stop)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import as_number
 
 NOT_RUN = "no result: the host failed or did not answer before the role's first step (see the run's output)"
@@ -30,11 +32,6 @@ def figure(value, kind=int):
     or not finite."""
     number = as_number(value)
     return kind(number) if number is not None and math.isfinite(number) else None
-
-
-def _ran(step) -> bool:
-    """Whether a registered step result is the step's own answer (not skipped, reached)."""
-    return isinstance(step, Mapping) and bool(step) and not step.get("skipped") and not step.get("unreachable")
 
 
 def _gpus(step, key="gpus") -> list:
@@ -119,16 +116,6 @@ def not_run_row(host: str, why: str) -> dict:
             "seconds_per_step": {}, "problems": [why]}
 
 
-def would_stop(steps: Mapping) -> list:
-    """What a read-only run found for a reset to stop: {pid, name, cmdline, reason} per target."""
-    gpu_reset = steps.get("gpu_reset") or {}
-    targets = gpu_reset.get("targets") if _ran(gpu_reset) else None
-    return [{"pid": target.get("pid"), "name": str(target.get("name") or ""),
-             "cmdline": str(target.get("cmdline") or ""),
-             "reason": str(target.get("evidence") or target.get("reason") or "")}
-            for target in targets or [] if isinstance(target, Mapping)]
-
-
 def killed_gpus(steps: Mapping) -> list:
     """The GPU indices (text) each process gpu_reset ended held, one list per process ([] for one
     that held none, an API server found by its command line): an instance's share of the kills."""
@@ -141,47 +128,14 @@ def killed_gpus(steps: Mapping) -> list:
             if isinstance(item, Mapping)]
 
 
-def _holders(item: Mapping) -> list:
-    """{pid, name} of who holds an in_use entry (a result before names were returned: the pids alone)."""
-    holders = [holder for holder in item.get("holders") or [] if isinstance(holder, Mapping)]
-    if not holders:
-        holders = [{"pid": pid, "name": "?"} for pid in item.get("pids") or []]
-    return [{"pid": holder.get("pid"), "name": str(holder.get("name") or "?")} for holder in holders]
-
-
-def held_words(item: Mapping) -> str:
-    """Who holds an in_use entry, in words: `pid 4242 (VLLM::EngineCor)`, or why none is named."""
-    holders = item.get("holders") or []
-    if not holders:
-        return "a socket bound to it, no holder seen"
-    return ", ".join("pid %s (%s)" % (holder["pid"], holder["name"]) for holder in holders)
-
-
 def shm_held(steps: Mapping) -> list:
     """The segments shm_clean kept because a live process maps or holds them: {path, bytes, size,
     holders} each (what a reset that freed nothing needs to know: an orphan still holds them)."""
     shm = steps.get("shm_clean") or {}
     items = shm.get("in_use") if _ran(shm) else None
     return [{"path": str(item.get("path")), "bytes": figure(item.get("bytes")), "size": figure(item.get("size")),
-             "holders": _holders(item)}
+             "holders": holders(item)}
             for item in items or [] if isinstance(item, Mapping) and item.get("area", "shm") != "tmp"]
-
-
-def tmp_leftovers(steps: Mapping, read_only: bool = False) -> list:
-    """Each entry of shm_clean's tmp_path pass: {path, done, why}, done `removed` (a read-only run:
-    `would remove`) or `kept` with why (who binds or holds it, or the rule that keeps it)."""
-    shm = steps.get("shm_clean") or {}
-    if not _ran(shm):
-        return []
-
-    def ours(key):
-        return [item for item in shm.get(key) or [] if isinstance(item, Mapping) and item.get("area") == "tmp"]
-    found = [{"path": str(item.get("path")), "done": "would remove" if read_only else "removed", "why": ""}
-             for item in ours("removed")]
-    found += [{"path": str(item.get("path")), "done": "kept", "why": "in use: " + held_words(dict(item, holders=_holders(item)))}
-              for item in ours("in_use")]
-    found += [{"path": str(item.get("path")), "done": "kept", "why": str(item.get("why") or "")} for item in ours("kept")]
-    return found
 
 
 def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = False) -> dict:
@@ -234,7 +188,10 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
     }
     # A reset that "freed 0 bytes" beside a segment an orphan still maps: which one, its size, and who.
     row["shm_in_use"] = shm_held(steps)
-    row["tmp_leftovers"] = tmp_leftovers(steps, read_only)
+    # Each leftover removed or kept, with why (a postmortem's question: why did the reset remove more
+    # than its check said?); bounded, as is every list of a row, with how many were left out.
+    row["shm_leftovers"], row["shm_leftovers_left_out"] = bounded(leftovers(steps, "shm", read_only))
+    row["tmp_leftovers"], row["tmp_leftovers_left_out"] = bounded(leftovers(steps, "tmp", read_only))
     if result.get("failed_step"):
         row["failed_step"] = str(result["failed_step"])
     # Why nothing was done, or why the reset was: reset_and_serve.yml's "server slow (...): no reset"
@@ -243,7 +200,9 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
     if result.get("note"):
         row["note"] = str(result["note"])
     if read_only:
-        row["would_stop"] = would_stop(steps)
+        row["would_stop"], row["would_stop_left_out"] = bounded(would_stop(steps))
+    else:
+        row["stopped"], row["stopped_left_out"] = bounded(stopped(steps))
     if read_only or result.get("kind") == "verify":
         row["mib_used"] = {str(gpu.get("index")): gpu.get("memory_used_mib") for gpu in after}
     return row

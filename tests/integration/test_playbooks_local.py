@@ -166,7 +166,15 @@ def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_g
     assert all(holder["name"] not in ("", "?") for item in row["shm_in_use"] for holder in item["holders"]), row
     mapper = manifest["shm"]["in_use"][0]
     assert "held by pid %d (" % mapper["pid"] in markdown and os.path.basename(mapper["path"]) in markdown
-    assert row["tmp_leftovers"] == [{"path": str(socket_path), "done": "would remove", "why": ""}], row["tmp_leftovers"]
+    assert row["tmp_leftovers"] == [{"path": str(socket_path), "done": "would remove",
+                                     "why": "no live process held it (nor bound it)"}], row["tmp_leftovers"]
+    # The segment a worker holds open is kept now, and the report says that the reset removes it (the
+    # reset removes one more segment than its check said).
+    worker_fd = manifest["shm"]["in_use"][1]
+    kept = {entry["path"]: entry for entry in row["shm_leftovers"]}[worker_fd["path"]]
+    assert kept["done"] == "kept" and kept["why"].startswith("in use: pid %d (" % worker_fd["pid"]), kept
+    assert kept["why"].endswith(", which a reset stops: the reset removes it"), kept
+    assert "  - kept %s: %s" % (worker_fd["path"], kept["why"]) in markdown
     assert "- simulated-node: 1 would be removed, 0 kept" in markdown and socket_path.is_socket()
     # The printed table counts what a reset would stop, not 0, with sizes people read.
     row = next(line for line in proc.stdout.splitlines() if "| simulated-node |" in line)
@@ -433,3 +441,55 @@ def test_other_units_that_cannot_be_stopped_fail_the_host_at_unit_before_any_sig
     assert "vllm-x.service: System has not been booted with systemd" in row["problems"][0], row
     assert "vllm-y.service: " in row["problems"][0], row
     assert all(_alive(entry["pid"]) for entries in manifest["processes"].values() for entry in entries)
+
+
+def test_a_real_resets_report_names_each_process_it_stopped_and_each_leftover_with_why_no_secret(
+        crashed_node, tmp_path):
+    """reset.yml's report (JSON and Markdown) after a real reset: each process stopped with its pid,
+    name, command line, GPUs, the signal that ended it and why it was chosen; each leftover removed or
+    kept with why, the segment a worker held open removed because the reset stopped that worker (a
+    check keeps it). A secret on a stopped process's command line reaches no file and no output, -vvv
+    included."""
+    manifest = crashed_node
+    canary_key, canary_token = "sk-canary-%d" % os.getpid(), "hf_canary%d" % time.time_ns()
+    server = str(tmp_path / "canary-server")
+    canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", server, "--api-key", canary_key,
+                               "--hf-token=" + canary_token], stdin=subprocess.DEVNULL)
+    try:
+        proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+            manifest, node_reset_gpu_reset_cmdline_patterns=[manifest["api_server_pattern"], re.escape(server)]),
+            tmp_path, "-vvv")
+    finally:
+        canary.kill()
+        canary.wait()
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    stopped = {entry["pid"]: entry for entry in row["stopped"]}
+    for rank, worker in enumerate(manifest["processes"]["worker"]):
+        entry = stopped[worker["pid"]]
+        assert entry["name"] == worker["name"] and entry["gpus"] == [rank] and entry["signal"] == "SIGTERM", entry
+        assert "GPU %d" % rank in entry["reason"] and entry["cmdline"], entry
+    ignorer = manifest["processes"]["term_ignorer"][0]
+    assert stopped[ignorer["pid"]]["signal"] == "SIGKILL", stopped[ignorer["pid"]]
+    api = stopped[manifest["processes"]["api_server"][0]["pid"]]
+    assert "command line matches" in api["reason"] and " serve " in api["cmdline"] and api["gpus"] == [], api
+    masked = stopped[canary.pid]["cmdline"]
+    assert masked.endswith("%s --api-key ******** --hf-token=********" % server), masked
+    assert row["stopped_left_out"] == 0 and len(stopped) == row["killed"], row
+    # Each leftover with why: the torch segment worker 0 held open went because the reset stopped it.
+    leftovers = {entry["path"]: entry for entry in row["shm_leftovers"]}
+    mapper, worker_fd = manifest["shm"]["in_use"]
+    comm = manifest["processes"]["worker"][0]["name"][:15]  # shm_clean names a holder by its comm
+    assert leftovers[worker_fd["path"]] == {"path": worker_fd["path"], "done": "removed", "why": "held only by pid %d (%s), "
+                                            "which the reset stopped" % (worker_fd["pid"], comm)}, leftovers
+    assert leftovers[mapper["path"]]["done"] == "kept" and "pid %d (" % mapper["pid"] in leftovers[mapper["path"]]["why"]
+    assert all(leftovers[path] == {"path": path, "done": "removed", "why": "no live process held it"}
+               for path in manifest["shm"]["leftovers"]), leftovers
+    reports = sorted((tmp_path / "reports").glob("reset-*"))
+    markdown = next(path for path in reports if path.suffix == ".md").read_text()
+    assert "\nStopped:\n- simulated-node:\n" in markdown
+    worker0 = stopped[manifest["processes"]["worker"][0]["pid"]]
+    assert "  - pid %d %s (SIGTERM, GPU 0; %s): " % (worker0["pid"], worker0["name"], worker0["reason"]) in markdown
+    assert "  - removed %s: held only by pid %d " % (worker_fd["path"], worker_fd["pid"]) in markdown
+    for text in [path.read_text() for path in reports] + [proc.stdout, proc.stderr]:
+        assert canary_key not in text and canary_token not in text

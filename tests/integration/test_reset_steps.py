@@ -55,8 +55,11 @@ def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path)
     manifest = crashed_node
     proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest))
     assert "failed" not in result or not result["failed"], result.get("msg")
-    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean", "nvml_verify"]
+    assert list(result["steps"]) == ["pycache_purge", "shm_before", "gpu_reset", "shm_clean", "nvml_verify"]
     assert result["changed"] is True
+    # The look before the signals: who held each leftover then (the worker the reset then stopped).
+    held = {item["path"]: item["pids"] for item in result["steps"]["shm_before"]["in_use"]}
+    assert {item["path"]: [item["pid"]] for item in manifest["shm"]["in_use"]}.items() <= held.items(), held
     assert not any(procinfo.alive(pid) for pid in _pids(manifest, "api_server", "worker"))
     assert all(procinfo.alive(pid) for pid in _pids(manifest, "bystander", "persistenced"))
     assert not any(Path(path).exists() for path in manifest["shm"]["leftovers"])
@@ -74,7 +77,9 @@ def test_a_failing_step_stops_the_steps_after_it_and_says_why(crashed_node, tmp_
     proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, shm_clean={"path": "relative/shm"}))
     assert result["failed"] is True and result["failed_step"] == "shm_clean"
     assert "relative/shm" in result["msg"] and "absolute" in result["msg"], result["msg"]
-    assert list(result["steps"]) == ["pycache_purge", "gpu_reset", "shm_clean"]
+    # The look before the signals failed the same way: it names no holder, and fails nothing.
+    assert list(result["steps"]) == ["pycache_purge", "shm_before", "gpu_reset", "shm_clean"]
+    assert result["steps"]["shm_before"] == {}
     assert not any(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
     assert not Path(manifest["site_packages"]["pyc"]).exists()
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])

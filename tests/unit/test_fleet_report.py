@@ -328,7 +328,7 @@ def test_the_tmp_leftovers_removed_and_kept_with_why_are_in_the_row_and_the_mark
         kept=[{"path": "/tmp/5a6b7c8d", "why": "owned by uid 65534 (nobody), neither root nor a user of tmp_owners",
                "area": "tmp"}, {"path": "/dev/shm/nccl-dir", "why": "a directory", "area": "shm"}]))
     assert result["tmp_leftovers"] == [
-        {"path": "/tmp/0d9e8f7a", "done": "removed", "why": ""},
+        {"path": "/tmp/0d9e8f7a", "done": "removed", "why": "no live process held it (nor bound it)"},
         {"path": "/tmp/3f0c5d7e", "done": "kept", "why": "in use: pid 9 (python3)"},
         {"path": "/tmp/5a6b7c8d", "done": "kept", "why": "owned by uid 65534 (nobody), neither root nor a user of tmp_owners"}]
     lines = render_markdown("reset", "T", [result]).splitlines()

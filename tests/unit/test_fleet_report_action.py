@@ -39,12 +39,12 @@ def test_a_verify_run_lists_what_a_reset_would_stop_and_the_memory_in_use(tmp_pa
     written = act(tmp_path, kind="verify", hosts=["node1"],
                   results={"node1": node_result("dirty", False, targets=1, kind="verify")})
     row = written["rows"][0]
-    assert row["would_stop"] == [{"pid": 100, "name": "python3", "cmdline": "vllm serve m",
+    assert row["would_stop"] == [{"pid": 100, "name": "python3", "cmdline": "vllm serve m", "gpus": [],
                                   "reason": "maps /dev/nvidia0"}]
     text = "\n".join(written["markdown"])
     assert "| host | status | would stop | MiB used |" in text
     assert "| node1 | dirty | 1 | 70000 |" in text
-    assert "A reset would stop:\n- node1:\n  - pid 100 python3 (maps /dev/nvidia0): vllm serve m" in text
+    assert "A reset would stop:\n- node1:\n  - pid 100 python3 (GPU none; maps /dev/nvidia0): vllm serve m" in text
 
 
 def test_a_host_in_a_merged_report_and_in_this_run_has_one_row_this_runs(tmp_path):

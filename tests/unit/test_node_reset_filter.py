@@ -159,7 +159,7 @@ def test_a_reset_that_cleaned_the_node_and_its_report_row():
         "error": None, "killed_count": 2, "shm_bytes_freed": 4096, "shm_removed": 1, "bytecode_removed": 0,
         "problems": [], "unit": {}, "seconds_total": 4.26}
     assert sorted(result["steps"]) == ["gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
-                                       "shm_clean", "unit"]
+                                       "shm_before", "shm_clean", "unit"]
     row = host_row("node1", result)
     assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 3.6  # its steps, not seconds_total
     assert row["seconds_per_step"] == {"gpu_reset": 3.2, "nvml_verify": 0.4}

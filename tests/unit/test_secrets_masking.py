@@ -10,7 +10,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import MARK, Masker
+from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import MARK, Masker, masked_command_line
 
 SECRETS = ["sg key $HOME 'single'", "zq7 both ' and \" and back\\slash q8x", "plain-token-q8x"]
 
@@ -46,3 +46,23 @@ def test_text_without_a_secret_and_other_values_are_left_as_they_are():
     assert mask(value) == value
     assert Masker([])("sg key $HOME 'single'") == "sg key $HOME 'single'"
     assert Masker([""])("anything") == "anything"
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["vllm", "serve", "m", "--api-key", "sk-q8x"], "vllm serve m --api-key " + MARK),
+    (["vllm", "serve", "m", "--api-key=sk-q8x", "--hf-token", "hf_q8x"], "vllm serve m --api-key=%s --hf-token %s" % (MARK, MARK)),
+    (["env", "HF_TOKEN=hf_q8x", "VLLM_API_KEY=sk-q8x", "vllm"], "env HF_TOKEN=%s VLLM_API_KEY=%s vllm" % (MARK, MARK)),
+    (["sglang", "--admin-api-key", "-starts-with-a-dash"], "sglang --admin-api-key " + MARK),
+    # The key given twice: hidden wherever it appears in the line, not only after its flag.
+    (["x", "--api-key", "sk-q8x", "--url", "http://h/?key=sk-q8x"], "x --api-key %s --url http://h/?key=%s" % (MARK, MARK)),
+    (["curl", "-H", "Authorization: Bearer tok-q8x", "https://user:pw-q8x@h/"],
+     "curl -H Authorization: Bearer %s https://user:%s@h/" % (MARK, MARK)),
+])
+def test_a_command_lines_secrets_are_hidden_by_the_flag_that_names_them(argv, shown):
+    assert masked_command_line(argv) == shown
+
+
+def test_words_that_only_contain_a_secrets_name_and_a_flag_after_a_switch_stay():
+    argv = ["vllm", "serve", "m", "--tokenizer", "t", "--max-num-batched-tokens", "8192", "--disable-auth", "--port", "80",
+            "--ssl-keyfile", "/k.pem", "MAX_TOKENS=5"]
+    assert masked_command_line(argv) == " ".join(argv)
