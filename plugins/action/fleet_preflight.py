@@ -19,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ansible.errors import AnsibleActionFail
+from ansible.utils.vars import load_extra_vars
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._fleet_targets import no_target_message, targeted
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import problems as playbook_problems
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import unread
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._unknown_variables import ALLOW, refusals
 
@@ -50,7 +52,9 @@ class ActionModule(ControllerAction):
         stops, unknown = refusals(names, self._templar.template(task_vars.get(ALLOW, False)))
         # Every refusal at once, before the next play's keywords read a playbook variable (serial:
         # fleet_serial): a failure here ends the run.
-        bad = playbook_problems(task_vars, self._templar.template) + stops
+        # What a play keyword reads: extra vars (-e, AWX's) and play vars (an import_playbook's vars).
+        given = set(load_extra_vars(self._loader)) | set(self._task.get_play().vars or {})
+        bad = playbook_problems(task_vars, self._templar.template) + unread(task_vars, given) + stops
         if bad:
             raise AnsibleActionFail("\n".join(bad))
         if unknown:

@@ -36,6 +36,9 @@ class PlaybookVariable(NamedTuple):
     description: str
     read_by: tuple
     valid: Callable
+    # Read by a play keyword (serial), which sees extra vars and play vars only: set in the
+    # inventory, it is ignored without a word.
+    keyword: bool = False
 
 
 def _batch_size(value) -> bool:
@@ -78,7 +81,7 @@ VARIABLES = (
     PlaybookVariable("fleet_serial", "100%", "a whole number of hosts from 1 to %d, a percentage from 1%% to 100%%,"
                      " or a list of them (one per batch, the last one repeated)" % MAX_SERIAL,
                      "hosts per batch; give it with `-e` or an AWX survey: a play's `serial` does not read the"
-                     " inventory's variables", FLEET, serial_ok),
+                     " inventory's variables", FLEET, serial_ok, keyword=True),
     PlaybookVariable("fleet_max_fail_percentage", "100", "a number from 0 to 100",
                      "stop the rollout after a batch in which more than this share of hosts are not ok; the later"
                      " hosts are reported `not run`", ("reset.yml", "reset_and_serve.yml"), percentage_ok),
@@ -114,3 +117,14 @@ def problems(variables, render=lambda value: value) -> list:
         if not variable.valid(value):
             sentences.append("%s is %s: it must be %s." % (variable.name, shown(value), variable.accepts))
     return sentences
+
+
+def unread(variables, given) -> list:
+    """One sentence per keyword variable that `variables` (a host's view) holds but `given` (the
+    names of the extra vars and of the play's vars, all a play keyword reads) does not: one set in
+    the inventory, which the playbooks' `serial` would ignore (fleet_serial: 2 in group_vars ran
+    every host in one batch)."""
+    return ["%s is %s in the inventory, where a play's keyword cannot read it: the playbooks would run every"
+            " targeted host in one batch. Give it with -e %s=... or an AWX survey or extra variable instead."
+            % (variable.name, shown(variables[variable.name]), variable.name)
+            for variable in VARIABLES if variable.keyword and variable.name in variables and variable.name not in given]

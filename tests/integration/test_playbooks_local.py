@@ -86,6 +86,38 @@ def test_a_bad_fleet_serial_ends_the_run_with_one_sentence_before_anything_is_to
     assert not list((tmp_path / "reports").glob("*"))
 
 
+def test_a_fleet_serial_in_the_inventory_stops_the_run_and_one_in_an_import_s_vars_batches(crashed_node, tmp_path):
+    """A play's `serial` reads extra vars and play vars, not the inventory: fleet_serial: 1 in
+    gpu_nodes' group vars ran every host in one batch without a word. The first play refuses it,
+    nothing touched; given as an import_playbook's vars (a play var), it is read and batches."""
+    manifest = crashed_node
+    every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+    extra = tmp_path / "vars.json"
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"))))
+    group_vars = tmp_path / "serial.yml"
+    group_vars.write_text(json.dumps({"all": {"children": {"gpu_nodes": {"vars": {"fleet_serial": 1}}}}}))
+    env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    playbook = str(Path(sys.executable).parent / "ansible-playbook")
+    proc = subprocess.run([playbook, "playbooks/reset.yml", "-i", "inventory/simulated.yml", "-i", str(group_vars),
+                           "-l", "gpu_nodes", "-e", f"@{extra}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False, env=env)
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    assert "fleet_serial is 1 in the inventory, where a play's keyword cannot read it" in proc.stdout, proc.stdout[-3000:]
+    assert "PLAY [Reset GPU nodes]" not in proc.stdout
+    assert all(_alive(pid) for pid in every_pid), "a refused run must not signal anything"
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    # The same value as the vars of an import: verify.yml (read-only) runs in batches of one.
+    wrapper = tmp_path / "wrapper.yml"
+    wrapper.write_text(json.dumps([{"import_playbook": str(REPO / "playbooks" / "verify.yml"),
+                                    "vars": {"fleet_serial": 1}}]))
+    proc = subprocess.run([playbook, str(wrapper), "-i", "inventory/simulated.yml", "-l", "gpu_nodes",
+                           "-e", f"@{extra}"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+                          env=env)
+    assert "in the inventory, where a play's keyword" not in proc.stdout, proc.stdout[-3000:]
+    assert "PLAY [Check what the run targets]" in proc.stdout and "PLAY RECAP" in proc.stdout, proc.stdout[-3000:]
+    assert all(_alive(pid) for pid in every_pid), "verify must not signal anything"
+
+
 def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_path):
     """A host that never answers is `unreachable` (also without a unit, where the first task that
     reaches the node is gpu_reset); one whose step fails is `failed` with the error, in both playbooks."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import VARIABLES, problems
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import VARIABLES, problems, unread
 
 REPO = Path(__file__).resolve().parents[2]
 BY_NAME = {variable.name: variable for variable in VARIABLES}
@@ -113,3 +113,16 @@ def test_every_variable_the_fleet_playbooks_read_with_a_default_is_checked():
     set_by_playbooks = set(re.findall(r"^\s+(fleet_\w+):", text, re.MULTILINE))
     read = set(re.findall(r"\b(fleet_\w+) \| default\(", text)) - set_by_playbooks
     assert read == set(BY_NAME), read ^ set(BY_NAME)
+
+
+def test_a_keyword_variable_set_only_in_the_inventory_is_refused_and_one_given_where_serial_reads_it_is_not():
+    """fleet_serial in group_vars: the playbooks' `serial` never sees it and runs every host in one batch."""
+    host_view = {"fleet_serial": 2, "fleet_report_path": "reports", "ansible_host": "x"}
+    sentence, = unread(host_view, given=set())
+    assert sentence.startswith("fleet_serial is 2 in the inventory, where a play's keyword cannot read it")
+    assert "-e fleet_serial=" in sentence
+    # Given as an extra var or the play's var (an import_playbook's vars): serial reads it.
+    assert unread(host_view, given={"fleet_serial"}) == []
+    # The variables no keyword reads work from the inventory (a task reads them with the host's vars).
+    assert unread({"fleet_report_path": "r", "fleet_force_reset": True, "fleet_max_fail_percentage": 5}, set()) == []
+    assert unread({}, set()) == []
