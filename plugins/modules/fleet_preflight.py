@@ -22,6 +22,8 @@ description:
     its value (one short line) and what it accepts; a template is rendered first, as the playbooks' keywords render
     it, and one that does not render is such a value. The fleet playbooks' first play runs it before the next play
     reads C(serial), which ansible-core turns into a number without error handling (C(abc) was a Python traceback).
+    A C(fleet_serial) set in the inventory fails too: a play's C(serial) reads only extra vars and play vars, so the
+    playbooks would run every targeted host in one batch.
   - >-
     Fails, before any host is touched, when a variable whose name starts with C(node_reset_) or C(inference_service_)
     is no variable of the C(cleanslate.gpu.node_reset) or C(cleanslate.gpu.inference_service) role (their

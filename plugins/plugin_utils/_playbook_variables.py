@@ -80,8 +80,8 @@ FLEET = ("reset.yml", "verify.yml", "reset_and_serve.yml")
 VARIABLES = (
     PlaybookVariable("fleet_serial", "100%", "a whole number of hosts from 1 to %d, a percentage from 1%% to 100%%,"
                      " or a list of them (one per batch, the last one repeated)" % MAX_SERIAL,
-                     "hosts per batch; give it with `-e` or an AWX survey: a play's `serial` does not read the"
-                     " inventory's variables", FLEET, serial_ok, keyword=True),
+                     "hosts per batch; give it with `-e`, an AWX survey or an `import_playbook`'s vars: a play's"
+                     " `serial` does not read the inventory's variables, so one set there stops the run", FLEET, serial_ok, keyword=True),
     PlaybookVariable("fleet_max_fail_percentage", "100", "a number from 0 to 100",
                      "stop the rollout after a batch in which more than this share of hosts are not ok; the later"
                      " hosts are reported `not run`", ("reset.yml", "reset_and_serve.yml"), percentage_ok),
