@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._controller_action import ControllerAction
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._playbook_variables import shown
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_details import REMOVED_BY_A_RESET, cut_command_line, held_words
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_rows import NOT_RUN, figure as _number, host_row
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_table import cell as _cell, host_table
@@ -274,20 +275,27 @@ def reserve_name(base: str) -> str:
     raise AnsibleActionFail("cannot write the fleet report: %s.json and 998 more names of that second exist" % base)
 
 
+# The playbooks' variables each option comes from (fleet_report.yml, merge_reports.yml), named in its
+# sentence: the user set the variable, not the option.
+VARIABLE_OF = {"dest": "fleet_report_path", "kind": "fleet_report_kind"}
+
+
 def check_args(args: dict) -> None:
-    """Names that become file names, and columns that name a key; one sentence each."""
+    """Names that become file names, and columns that name a key; one short line each (a value is
+    shown cut, on one line: shown)."""
     problems = []
     if not args["dest"] or not args["dest"].strip() or "\0" in args["dest"]:
-        problems.append("dest %r must name a directory (a relative one is under the directory ansible-playbook runs in)"
-                        % args["dest"])
+        problems.append("dest %s (the playbooks' %s) must name a directory (a relative one is under the directory"
+                        " ansible-playbook runs in)" % (shown(args["dest"]), VARIABLE_OF["dest"]))
     if not KIND.match(args["kind"]):
-        problems.append("kind %r must be a lower-case name (letters, digits, - and _), at most 32 characters"
-                        % args["kind"])
+        problems.append("kind %s (the playbooks' %s) must be a lower-case name (letters, digits, - and _), at most 32"
+                        " characters" % (shown(args["kind"]), VARIABLE_OF["kind"]))
     if args["stamp"] is not None and not STAMP.match(args["stamp"]):
-        problems.append("stamp %r must be letters, digits, - and _ only (it is part of the file names)" % args["stamp"])
+        problems.append("stamp %s must be letters, digits, - and _ only (it is part of the file names)"
+                        % shown(args["stamp"]))
     for column in args["columns"]:
         if not isinstance(column.get("key"), str) or not column["key"]:
-            problems.append("each column needs a key (the row key it shows), got %r" % (column,))
+            problems.append("each column needs a key (the row key it shows), got %s" % shown(column))
     if problems:
         raise AnsibleActionFail("; ".join(problems))
 

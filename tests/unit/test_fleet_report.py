@@ -8,8 +8,9 @@ import stat
 import pytest
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (host_row, merge_rows, read_reports,
-                                                                            render_markdown, write_atomically)
+from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import (VARIABLE_OF, check_args, host_row, merge_rows,
+                                                                            read_reports, render_markdown,
+                                                                            write_atomically)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._report_text import count_of, human_bytes
 
 
@@ -338,3 +339,19 @@ def test_the_tmp_leftovers_removed_and_kept_with_why_are_in_the_row_and_the_mark
     checked = host_row("node1", shm_result(removed=[{"path": "/tmp/0d9e8f7a", "area": "tmp"}]), read_only=True)
     assert checked["tmp_leftovers"][0]["done"] == "would remove"
     assert "- node1: 1 would be removed, 0 kept" in render_markdown("verify", "T", [checked], read_only=True)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("dest", " " * 100000),                 # a 100 KB blank path was printed whole
+    ("dest", "reports\0\n{{ x }}" * 1000),
+    ("kind", "Reset\nreport" * 1000),
+])
+def test_a_bad_option_is_one_short_line_naming_the_playbooks_variable(option, value):
+    """merge_reports.yml's first task: a bad fleet_report_path or fleet_report_kind is said on one line,
+    cut, naming the variable the user set (not only the module's option)."""
+    args = {"dest": "reports", "kind": "reset", "stamp": None, "columns": [], option: value}
+    with pytest.raises(AnsibleActionFail) as caught:
+        check_args(args)
+    sentence = str(caught.value.message)
+    assert sentence.startswith(option + " ") and "(the playbooks' %s)" % VARIABLE_OF[option] in sentence
+    assert "\n" not in sentence and "\0" not in sentence and len(sentence) < 400, sentence[:500]
