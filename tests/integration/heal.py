@@ -116,7 +116,8 @@ class Rulebook:
             [str(RULEBOOK_VENV / "bin" / "ansible-rulebook"), "-r", str(rulebook), "-i", str(inventory_dir),
              "--vars", str(self.vars), "-vv"], cwd=workdir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
-        deadline = time.monotonic() + 90
+        limit = stretched(90)
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.text()[-3000:]
             try:
@@ -124,7 +125,7 @@ class Rulebook:
                     return
             except OSError:
                 time.sleep(0.3)
-        pytest.fail("the rulebook's webhook did not listen within 90 s:\n" + self.text()[-3000:])
+        pytest.fail("the rulebook's webhook did not listen within %d s:\n%s" % (limit, self.text()[-3000:]))
 
     def text(self) -> str:
         return self.log_path.read_bytes().decode("utf-8", "replace")
