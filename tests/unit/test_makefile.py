@@ -1,6 +1,7 @@
 """The Makefile's help, its fast loop and the Debian packages each target installs (issue 38, 5 and 7)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -23,8 +24,11 @@ def phony_targets() -> list:
 
 
 def make(*args) -> str:
+    # The Makefile as a user's `make` reads it: not the variables of a make that runs these tests
+    # (`make check` passes SETUP=prepared down through MAKEFLAGS, and `make -n unit` lost its apt step).
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SETUP")}
     proc = subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
-                          check=False, timeout=60)
+                          check=False, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
