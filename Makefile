@@ -72,7 +72,7 @@ test: setup check-generated sanity pytest versions-ci ee lint ## 50 min | everyt
 
 # The fast loop before a commit: lint, sanity and the unit tests, in a make of their own on
 # `prepared` (no apt step: `make setup` or `make os-deps` once installs shellcheck and promtool).
-check: ## 6 min | lint, ansible-test sanity and the unit tests, without the apt step
+check: ## 4 min | lint, ansible-test sanity and the unit tests, without the apt step
 	@$(MAKE) --no-print-directory SETUP=prepared lint sanity unit
 
 # Every generated text (tools/generate.py: the list of generators, in order, and the convention of
