@@ -40,6 +40,8 @@ FAMILIES = {
     "reset_bytecode_files_removed": "Stale bytecode files the last reset removed (a verify: would remove).",
     "reset_gpus": "GPUs the last reset's final check read.",
     "reset_gpus_clean": "GPUs the last reset's final check found clean and healthy.",
+    "reset_gpu_xid_action": ("GPUs whose kernel log holds an Xid a reset of their processes cannot clear (label action:"
+                             " needs_reboot or needs_service; code: the worst such Xid), always 1."),
     "service_start_to_ready_seconds": "Seconds from the server's start to its health endpoint answering (a start by the run).",
     "service_start_to_first_completion_seconds": "Seconds from the server's start to the end of its first completion.",
     "service_first_completion_seconds": "Seconds the gate's first completion took.",
@@ -88,6 +90,13 @@ def _outcome(labels, ok, status, seconds) -> list:
     ]
 
 
+def _worst_code(gpu) -> str:
+    """The newest Xid code of the GPU's class of xid_action (nvml_verify's gpus[].xid)."""
+    codes = [record.get("code") for record in gpu.get("xid") or []
+             if isinstance(record, Mapping) and record.get("class") == gpu["xid_action"]]
+    return str(codes[-1]) if codes else ""
+
+
 def _reset_families(result, host) -> dict:
     kind = str(result.get("kind") or "reset")
     role = "node_verify" if kind == "verify" else "node_reset"
@@ -106,6 +115,9 @@ def _reset_families(result, host) -> dict:
         _family("reset_bytecode_files_removed", [(labels, row["bytecode_removed"])]),
         _family("reset_gpus", [(labels, None if gpus is None else len(gpus))]),
         _family("reset_gpus_clean", [(labels, None if gpus is None else sum(1 for gpu in gpus if not gpu.get("problems")))]),
+        _family("reset_gpu_xid_action", [(dict(labels, gpu=str(gpu.get("index")), action=gpu["xid_action"],
+                                               code=_worst_code(gpu)), 1)
+                                         for gpu in gpus or [] if gpu.get("xid_action")]),
     ]
     return {"name": PREFIX + role, "families": families}
 

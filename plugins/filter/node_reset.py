@@ -54,6 +54,8 @@ MODULE_NAME = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*\Z")
 HOST_CHECKS = ("pycache_check", "nvml_before")
 # pycache_purge's words for a module its interpreter cannot import (module_utils/_pyc_probe.py).
 MODULE_NOT_FOUND = re.compile(r"module '[^']*' not found")
+# nvml_verify's xid_action, which becomes the host's status (module_utils/_xid.py's classes).
+XID_STATUSES = ("needs_reboot", "needs_service")
 # systemd_service's words for a unit that is not installed (module_utils/service.py fail_if_missing).
 UNIT_MISSING = "Could not find the requested service"
 
@@ -316,6 +318,10 @@ def _status(kind, failed_step, reach, unreachable, verify, clean) -> str:
         return "unreachable"
     if failed_step:
         return "failed at %s" % failed_step
+    # A GPU whose kernel log says a reset of its processes cannot help (nvml_verify's xid check):
+    # whatever else the run found, the host is not to be served on until it is rebooted or serviced.
+    if verify.get("xid_action") in XID_STATUSES:
+        return verify["xid_action"]
     if kind == "verify":
         return "clean" if clean else "dirty"
     return "ok" if verify.get("ok") else "dirty"

@@ -14,7 +14,8 @@ description:
   - Reads NVML (through C(pynvml)) every O(poll_interval) seconds until every selected check passes on
     every selected GPU, or O(timeout) expires. There is no fixed sleep; the task returns as soon as the
     last holder's memory is released.
-  - O(timeout) bounds the whole task, C(nvmlInit) and every read included, however slowly NVML answers;
+  - O(timeout) bounds the whole task, C(nvmlInit) and every read included, however slowly NVML answers (the
+    kernel log read of the V(xid) check excepted, which O(call_timeout) bounds);
     the result then names the NVML call, and the GPU, that had not answered (RV(unfinished_call)).
   - Polling stops at once when a problem shows that no wait can clear (a lost GPU, ECC errors, pending
     row remaps or retired pages, a GPU count other than O(expected_count)); the message says so.
@@ -111,10 +112,30 @@ options:
       - V(ecc) fails on uncorrected volatile ECC errors.
       - V(remapped_rows) fails on a pending or failed row remapping.
       - V(retired_pages) fails on retired pages pending; C(Not Supported) passes.
+      - V(xid) reads the kernel log once, after the last NVML read, for the driver's Xid records (C(NVRM) lines) of the
+        selected GPUs (matched by PCI bus id), and fails on a record whose code a reset of the GPU's processes cannot
+        clear, by NVIDIA's Xid catalog - V(needs_reboot) (a GPU reset or a reboot, such as Xid 79, 48, 63, 94, 95,
+        119) or V(needs_service) (such as Xid 64). Application errors (such as Xid 13, 31, 43) and codes not in the
+        collection's table are listed in RV(gpus[].xid) and pass. This module never resets a GPU or reboots a host.
+      - The log is read with C(journalctl -k) (root, or the C(systemd-journal) or C(adm) group), else with C(dmesg) on a
+        host without journald; a log that cannot be read is a warning (RV(xid_log_problem)), not a failure. The read
+        takes at most O(call_timeout) seconds, also when O(timeout) has run out, and at most 8 MiB of the newest log.
     type: list
     elements: str
-    choices: [memory, processes, count, ecc, remapped_rows, retired_pages]
-    default: [memory, processes, count, ecc, remapped_rows, retired_pages]
+    choices: [memory, processes, count, ecc, remapped_rows, retired_pages, xid]
+    default: [memory, processes, count, ecc, remapped_rows, retired_pages, xid]
+  xid_since:
+    description:
+      - For the V(xid) check, the oldest kernel log entries read, in any form C(journalctl --since) takes (V(-2h),
+        V(2026-01-05 10:00:00)), the time the GPUs were last known good. Empty reads the current boot.
+      - C(dmesg) cannot apply it, so on a host without journald the whole kernel ring buffer is read.
+    type: str
+    default: ""
+  xid_log_path:
+    description:
+      - For tests and for a kernel log kept elsewhere, a file of kernel log lines read instead of C(journalctl) or
+        C(dmesg) (its newest 8 MiB; O(xid_since) does not apply). Unset reads the host's kernel log.
+    type: path
 """
 
 EXAMPLES = r"""
@@ -131,8 +152,13 @@ EXAMPLES = r"""
 
 - name: Only check health counters, once
   cleanslate.gpu.nvml_verify:
-    checks: [ecc, remapped_rows, retired_pages]
+    checks: [ecc, remapped_rows, retired_pages, xid]
     timeout: 0
+
+- name: Read the Xid records logged since the GPUs were last good
+  cleanslate.gpu.nvml_verify:
+    checks: [xid]
+    xid_since: "-30min"
 """
 
 RETURN = r"""
@@ -180,6 +206,31 @@ problems:
   elements: str
   sample: ["NVML lists 7 GPUs, 8 expected: a GPU fell off the bus or was not probed when the driver loaded; check
             dmesg for Xid 79 or 'fallen off the bus', then reboot."]
+xid_action:
+  description:
+    - The worst Xid class of the selected GPUs that a reset of their processes cannot clear, V(needs_service) over
+      V(needs_reboot); null when none (or without the V(xid) check).
+  returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
+  type: str
+  sample: needs_reboot
+xid_source:
+  description: Where the kernel log was read from - C(journalctl), C(dmesg) or O(xid_log_path); null when it could
+    not be read.
+  returned: with the V(xid) check, when NVML could be read
+  type: str
+  sample: journalctl
+xid_log_problem:
+  description: Why the kernel log could not be read, one sentence (also a warning); null when it was read.
+  returned: with the V(xid) check, when NVML could be read
+  type: str
+  sample: null
+xid_other_buses:
+  description: The newest 8 Xid records of PCI buses no selected GPU has (a GPU not selected, or not listed by NVML),
+    each as in RV(gpus[].xid).
+  returned: with the V(xid) check, when NVML could be read
+  type: list
+  elements: dict
+  sample: []
 gpus:
   description: The selected GPUs, each once, in index order, as last read (a GPU not read yet has null readings).
   returned: unless the task failed before reading (a bad option, NVML missing or failing C(nvmlInit), an unknown GPU)
@@ -259,6 +310,24 @@ gpus:
       type: bool
       returned: always
       sample: null
+    xid:
+      description:
+        - With the V(xid) check, this GPU's Xid records in the kernel log, oldest first - the newest 8, and the worst
+          always among them.
+        - C(code), C(class) (V(restart_app), V(needs_reboot), V(needs_service), V(unknown)), C(mnemonic) (NVIDIA's
+          name, null for an unknown code), C(meaning), and C(line), the log line as it is, up to 400 characters,
+          each byte that is not UTF-8 and each control character written as C(\xNN).
+      type: list
+      elements: dict
+      returned: always
+      sample: [{"code": 79, "class": "needs_reboot", "mnemonic": "GPU_HAS_FALLEN_OFF_THE_BUS",
+                "meaning": "the GPU fell off the bus", "line": "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus."}]
+    xid_action:
+      description: The worst class of RV(gpus[].xid) that a reset of the GPU's processes cannot clear, V(needs_reboot)
+        or V(needs_service); null when none.
+      type: str
+      returned: always
+      sample: null
     problems:
       description: What is wrong with this GPU and what to do, as plain sentences that start with the GPU's index,
         UUID and PCI bus id; empty when clean.
@@ -273,6 +342,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _xid
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
@@ -288,7 +358,7 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import (
     unattributed_mib,
 )
 
-CHECKS = ["memory", "processes", "count", "ecc", "remapped_rows", "retired_pages"]
+CHECKS = ["memory", "processes", "count", "ecc", "remapped_rows", "retired_pages", "xid"]
 
 ARGUMENT_SPEC = dict(
     gpus=dict(type="list", elements="str", default=[]),
@@ -299,6 +369,8 @@ ARGUMENT_SPEC = dict(
     poll_interval=dict(type="float", default=0.1),
     call_timeout=dict(type="float", default=5),
     checks=dict(type="list", elements="str", choices=CHECKS, default=list(CHECKS)),
+    xid_since=dict(type="str", default=""),
+    xid_log_path=dict(type="path"),
 )
 
 READ_MARGIN_S = 0.05  # time a read may take beyond twice the last one before the deadline cuts it
@@ -306,7 +378,9 @@ READ_MARGIN_S = 0.05  # time a read may take beyond twice the last one before th
 RESET_HINT = "reset the GPU (nvidia-smi -r -i {index}) or reboot"
 GPU_KEYS = ("index", "uuid", "name", "pci_bus_id", "minor_number")
 READING_KEYS = ("memory_used_mib", "memory_reserved_mib", "memory_total_mib", "memory_used_v1_mib", "processes",
-                "ecc_uncorrected_volatile", "remapped_rows", "retired_pages_pending")
+                "ecc_uncorrected_volatile", "remapped_rows", "retired_pages_pending", "xid", "xid_action")
+# The Xid classes no reset of a GPU's processes clears (module_utils/_xid.py).
+XID_ACTIONS = (_xid.NEEDS_REBOOT, _xid.NEEDS_SERVICE)
 
 
 def input_problems(params):
@@ -379,7 +453,38 @@ def gpu_problems(gpu, params):
             lasting.append("Row remapping pending (%s): %s to apply it." % (counters, reset))
     if "retired_pages" in checks and gpu["retired_pages_pending"]:
         lasting.append("Retired pages pending: %s so the retirement takes effect." % reset)
+    lasting.extend(xid_problems(gpu))
     return waiting, lasting
+
+
+def xid_problems(gpu):
+    """One sentence per Xid record of the GPU that no reset of its processes clears."""
+    sentences = []
+    for record in gpu.get("xid") or []:
+        if record["class"] not in XID_ACTIONS:
+            continue
+        todo = (RESET_HINT.format(index=gpu["index"])
+                if record["class"] == _xid.NEEDS_REBOOT else "take it out of use and have it serviced")
+        sentences.append("%s: Xid %d (%s, %s) in the kernel log: %r; stopping its processes cannot clear it: %s"
+                         " (this collection does neither)." % (record["class"], record["code"], record["mnemonic"],
+                                                               record["meaning"], record["line"], todo))
+    return sentences
+
+
+def attach_xid(gpus, params, deadline):
+    """Read the kernel log once and give each pinned GPU its Xid records (`xid`) and the worst
+    class among them that a reset does not clear (`xid_action`); return the host's Xid result:
+    the records of buses no selected GPU has, where the log came from, and why it could not be read."""
+    if "xid" not in params["checks"]:
+        return {}
+    limit = min(params["call_timeout"], max(0.5, deadline - time.monotonic()))
+    log, source, problem = _xid.read_kernel_log(params["xid_since"], limit, params["xid_log_path"])
+    found, elsewhere = _xid.records_by_gpu(_xid.parse(log), gpus)
+    for position, gpu in enumerate(gpus):
+        gpu["xid"] = found.get(position, [])
+        bad = _xid.worst(gpu["xid"])
+        gpu["xid_action"] = bad if bad in XID_ACTIONS else None
+    return {"xid_source": source, "xid_log_problem": problem, "xid_other_buses": elsewhere}
 
 
 def unreachable_problem(gpu):
@@ -531,12 +636,17 @@ def verify(params):
             time.sleep(max(0.0, next_read - time.monotonic()))
     except NvmlTimeout as exc:
         unfinished = exc
-        reported, host, ok, lasting = evaluate(gpus, count, params, unfinished)
     finally:
         session.close()
+    # Once, after the last read: the log says what NVML's counters do not (a GPU that fell off the bus).
+    xid = attach_xid(gpus, params, start + budget) if pinned is not None else {}
+    if unfinished is not None or xid:
+        reported, host, ok, lasting = evaluate(gpus, count, params, unfinished)
     elapsed = time.monotonic() - start
     result = dict(changed=False, ok=ok, waited_s=round(elapsed, 3), polls=polls, problems=host, gpus=reported,
-                  unfinished_call=unfinished.as_dict() if unfinished is not None else None)
+                  unfinished_call=unfinished.as_dict() if unfinished is not None else None, **xid)
+    actions = [gpu["xid_action"] for gpu in reported if gpu.get("xid_action")]
+    result["xid_action"] = max(actions, key=_xid.SEVERITY.index) if actions else None
     if pinned is not None:
         result.update(driver_version=pinned["driver_version"], count=count)
     if ok:
@@ -558,6 +668,8 @@ def main():
         fail_on_problems(module, [str(exc)], changed=False, ok=False)
     except NvmlError as exc:
         module.fail_json(msg=str(exc), changed=False, ok=False)
+    if result.get("xid_log_problem"):
+        module.warn(result["xid_log_problem"])
     if result["ok"]:
         module.exit_json(**result)
     module.fail_json(**result)

@@ -379,7 +379,7 @@ TOP = {option: rule.maximum for option, rule in RANGES["nvml_verify"].items()}
     ({"expected_count": 1.5}, "expected_count"),
     ({"expected_count": "nan"}, "expected_count"),
     ({"checks": []}, "checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
-                     " remapped_rows, retired_pages"),
+                     " remapped_rows, retired_pages, xid"),
     ({"checks": ["memory", "temperature"]}, "temperature"),
     ({"gpus": [""]}, "gpus entry '' is not a GPU index (0), a UUID (GPU-5b3a7c1e-0d2f-4e8a-9c61-3f2b1a0e9d77) or a"
                      " PCI bus id (00000000:18:00.0)"),

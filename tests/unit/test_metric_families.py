@@ -214,8 +214,10 @@ def test_the_docs_metrics_table_names_exactly_what_the_filter_writes():
         documented |= set(re.findall(r"`(cleanslate_gpu_\w+)`", row))
     ok = node_reset_result(reset_steps(), "n1", started=1000.0, now=1010.0)
     failed = node_reset_result(reset_steps(), "n1", failed_step="gpu_reset", failed_result={"msg": "boom"})
+    xid = node_reset_result(xid_steps(), "n1", started=1000.0, now=1010.0)
     written = set()
     for families in (metric_families(ok, "node_reset", "n1")["families"], metric_families(failed, "node_reset", "n1")["families"],
+                     metric_families(xid, "node_reset", "n1")["families"],
                      metric_families(service_result(), "inference_service", "n1", min_acceptance_rate=0.3)["families"]):
         written |= {fam["name"] for fam in families if fam["samples"] or fam["keep_previous"]}
     assert documented == written, {"documented, never written": documented - written, "written, not documented": written - documented}
@@ -237,3 +239,22 @@ def test_a_refused_configuration_is_invalid_and_starts_the_failure():
     # A failure after the validation (the gate) stays `failed`.
     labels, = samples(metric_families(dict(refused, stage="gate"), "inference_service", "node1")["families"])["cleanslate_gpu_run_status"]
     assert dict(labels)["status"] == "failed"
+
+
+def xid_steps():
+    """A reset whose final check found Xid 79 (and an application's Xid 13) on GPU 1."""
+    lost = dict(gpu(1, "GPU-b", 0), xid_action="needs_reboot", problems=["needs_reboot: Xid 79 ..."],
+                xid=[{"code": 13, "class": "restart_app"}, {"code": 79, "class": "needs_reboot"}])
+    steps = reset_steps(after=[dict(gpu(0, "GPU-a", 0), xid_action=None, xid=[{"code": 13, "class": "restart_app"}]),
+                               lost])
+    steps["nvml_verify"]["xid_action"] = "needs_reboot"
+    return steps
+
+
+def test_a_gpu_whose_xid_a_reset_cannot_clear_is_written_per_gpu_and_as_the_status():
+    result = node_reset_result(xid_steps(), "node1", started=1000.0, now=1010.0)
+    got = samples(metric_families(result, "node_reset", "node1")["families"])
+    base = frozenset({"host": "node1", "role": "node_reset"}.items())
+    assert got["cleanslate_gpu_reset_gpu_xid_action"] == {
+        base | {("gpu", "1"), ("action", "needs_reboot"), ("code", "79")}: 1}
+    assert got["cleanslate_gpu_run_status"] == {base | {("status", "needs_reboot"), ("step", "")}: 1}

@@ -228,7 +228,7 @@ TOP = {option: rule.maximum for option, rule in RANGES["nvml_verify"].items()}
     ({"max_memory_used_mib": TOP["max_memory_used_mib"] + 1},
      ["max_memory_used_mib must be %s or less MiB, got %s" % (TOP["max_memory_used_mib"], TOP["max_memory_used_mib"] + 1)]),
     ({"checks": []}, ["checks is empty, so any GPU would pass; name at least one of memory, processes, count, ecc,"
-                      " remapped_rows, retired_pages"]),
+                      " remapped_rows, retired_pages, xid"]),
     ({"gpus": ["0", "x", ""]}, ["gpus entry 'x' is not %s" % _nvml.SELECTOR_FORMS,
                                 "gpus entry '' is not %s" % _nvml.SELECTOR_FORMS]),
     ({"timeout": -1.0, "expected_count": -2}, ["timeout must be 0 or more seconds, got -1.0",
