@@ -315,7 +315,7 @@ def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
     fleet = served.fleet
     served.fault("node2", fault="crash_during_load", load_s=1)
     try:
-        # Each start crashes half way through its load and systemd restarts it (Restart=on-failure,
+        # Each start crashes half way through its load and systemd restarts it (Restart=always,
         # 1 s): after StartLimitBurst (3) starts it gives up, and from then on refuses a start.
         fleet.run("node2", ["systemctl", "restart", UNIT], check=False)
         deadline = time.monotonic() + 60
