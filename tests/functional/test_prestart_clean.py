@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -88,7 +87,7 @@ def test_before_a_start_the_users_unheld_leftovers_go_and_everything_else_stays(
 
 
 def test_a_bad_user_or_directory_is_one_line_and_the_start_goes_on(installed, areas):
-    shm, tmp, _ = areas
+    shm, tmp = areas[:2]
     leaked = leftover(shm / "psm_leaked")
     run = [_serve_command.PRESTART_PYTHON, "-I", str(installed)]
     proc = subprocess.run(run + ["--user", "no-such-user-x", "--shm", str(shm), "--tmp", str(tmp)],

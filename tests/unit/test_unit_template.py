@@ -41,7 +41,7 @@ def service_section(text: str) -> dict:
         if line.startswith("[") and line.endswith("]"):
             section = line
         elif line and not line.startswith("#") and section == "[Service]":
-            name, _, value = line.partition("=")
+            name, value = line.split("=", 1)
             settings.setdefault(name, []).append(value)
     return settings
 
