@@ -359,7 +359,8 @@ SETTINGS = (
             'int',
             default=10,
             range=Range(minimum=0, maximum=86400, unit='seconds', whole=True),
-            description=('Seconds systemd waits before restarting a server that failed (C(Restart=on-failure)).',)),
+            description=('Seconds systemd waits before restarting a server that ended without a stop request, failed or '
+                         'exited 0 (C(Restart=always)).',)),
     Setting('start_limit_burst',
             'int',
             default=3,

@@ -264,6 +264,28 @@ exec_start:
   returned: success
   type: str
   sample: "\"/usr/local/bin/vllm\" \\\n    \"serve\""
+exec_start_pre:
+  description:
+    - The value of the unit's C(ExecStartPre=), the cleanup before each start (issue 39) - C(-+), then the system's
+      C(/usr/bin/python3 -I) running C(prestart_clean.py) of RV(prestart_dir) for the unit's user (C(root) without
+      one), quoted as RV(exec_start). C(+) runs it as root, C(-) never lets it stop the start.
+  returned: success
+  type: str
+  sample: "-+\"/usr/bin/python3\" \\\n    \"-I\" \\\n    \"/usr/local/libexec/cleanslate-gpu/prestart_clean.py\" \\\n    \"--user\" \\\n    \"vllm\""
+  version_added: 0.2.0
+prestart_dir:
+  description: The root-owned directory the role installs the pre-start cleanup in, with the module_utils it imports.
+  returned: success
+  type: str
+  sample: /usr/local/libexec/cleanslate-gpu
+  version_added: 0.2.0
+prestart_module_utils:
+  description: The collection's module_utils files the pre-start cleanup imports, installed beside it.
+  returned: success
+  type: list
+  elements: str
+  sample: ["_leftovers.py", "_file_users.py", "_procs.py", "_text.py"]
+  version_added: 0.2.0
 executable:
   description: The engine's executable.
   returned: success

@@ -329,7 +329,7 @@ verdict:
       SGLang's C(The server is fired up and ready to roll!), found by C(journalctl --grep); a server that logged it
       and refuses now has lost its API, and is V(unhealthy)) - neither engine listens before its model is loaded, so
       this is a load in progress (systemd's own
-      C(Restart=on-failure) after a crash), not a dead server. RV(healthy) is false, RV(needs_reset) false. Past
+      C(Restart=always) after a crash), not a dead server. RV(healthy) is false, RV(needs_reset) false. Past
       O(timeout), or with its main process gone, the same refusals are V(unhealthy).
   returned: always
   type: str

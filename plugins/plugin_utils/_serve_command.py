@@ -56,6 +56,12 @@ MODEL_MAX_CHARS = 4096              # PATH_MAX, the longest path Linux opens (a 
 SERVED_NAME_MAX_CHARS = 256         # clients send it in every request; Hub ids are < 100 characters
 EXTRA_ARGS_MAX_ITEMS = 1024         # the engines have ~400 (vLLM) and ~560 (SGLang) options in all
 ARGUMENT_MAX_BYTES = 131072         # MAX_ARG_STRLEN: execve refuses an argument or environment string this long
+# The unit's cleanup before each start (issue 39), run as root (ExecStartPre=+): installed root's,
+# outside any venv the server's user may write, with the module_utils it imports beside it, and
+# run by the system's own Python, isolated (-I: no PYTHON* variable of the unit, no user site).
+PRESTART_DIR = "/usr/local/libexec/cleanslate-gpu"
+PRESTART_PYTHON = "/usr/bin/python3"
+PRESTART_MODULE_UTILS = ("_leftovers.py", "_file_users.py", "_procs.py", "_text.py")
 UNIT_LINE_MAX_BYTES = 1024 * 1024   # systemd's LONG_LINE_MAX: a longer unit line (continuations joined) is refused
 # Draft tokens per step: the largest published trees stay at 64 (SGLang's EAGLE example for Llama:
 # 5 steps, top-8, 64 draft tokens; vLLM's suffix decoding defaults to depth 24); each draft token
@@ -842,6 +848,8 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         raise ServeConfigError(builder.problems)
     stem = builder.unit_stem()
     spec = settings["speculative"] or {}
+    # "-": a cleanup that cannot run never stops the start; "+": as root, whatever User= says.
+    prestart = [PRESTART_PYTHON, "-I", posixpath.join(PRESTART_DIR, "prestart_clean.py"), "--user", settings["user"] or "root"]
     method_key = flags.data["speculative"]["method_key"]
     return {
         "engine": flags.engine,
@@ -852,6 +860,9 @@ def build(settings: dict, flags: EngineFlags) -> dict:
         "argv": argv,
         "command_line": " ".join(shlex.quote(word) for word in argv),
         "exec_start": exec_start,
+        "exec_start_pre": "-+" + systemd.exec_line(prestart),
+        "prestart_dir": PRESTART_DIR,
+        "prestart_module_utils": list(PRESTART_MODULE_UTILS),
         "executable": argv[0],
         "environment": env,
         "environment_lines": [systemd.environment_item(k, v) for k, v in sorted(env.items())],

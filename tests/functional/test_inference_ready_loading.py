@@ -1,4 +1,4 @@
-"""Issue 37, 4: a server that systemd's own restart (Restart=on-failure) is loading is not dead. A
+"""Issue 37, 4: a server that systemd's own restart (Restart=always) is loading is not dead. A
 rerun of reset_and_serve.yml 14 s after `kill -9` saw "connection refused", called the server
 unhealthy and reset the load in progress. The probe now calls a unit whose current invocation
 started within the gate's start deadline (`timeout`, inference_service_ready_timeout), whose main

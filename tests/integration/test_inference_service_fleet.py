@@ -183,7 +183,7 @@ def served(fleet_session, tmp_path_factory):
                 fleet.run(name, ["systemctl", "disable", "--now", UNIT], check=False, timeout=120)
                 fleet.run(name, ["systemctl", "stop", "hand-started-vllm.service"], check=False, timeout=120)
                 fleet.run(name, ["sh", "-c", f"rm -rf /etc/systemd/system/{UNIT} /etc/cleanslate {FAULT_FILE} "
-                                             "/dev/shm/nccl-standin-*; systemctl daemon-reload; "
+                                             "/dev/shm/nccl-standin-* /dev/shm/psm_standin_leaked; systemctl daemon-reload; "
                                              f"systemctl reset-failed {UNIT}"], check=False)
             engines.uninstall(host.root)
 
@@ -308,6 +308,35 @@ def test_a_crash_during_load_fails_the_gate_at_once_with_the_journal(served):
         served.heal("node2")
 
 
+def test_an_engine_that_exits_0_leaking_a_segment_is_restarted_and_its_segment_cleared_first(served):
+    """Issue 39, 3: the engine exits 0 once ready and leaves a segment behind, which kills any start
+    that meets it. systemd restarts it all the same (Restart=always; on-failure left it dead), and the
+    unit's cleanup before each restart removes the segment, so each restart gets ready again (without
+    it: a crash loop into the start limit). Two rounds: the second proves the first restart served."""
+    fleet = served.fleet
+    since = fleet.run("node3", ["date", "+@%s"]).stdout.strip()
+    served.fault("node3", fault="exit_zero_leaking", load_s=0.5)
+    try:
+        # A fresh start limit (StartLimitBurst 3): the earlier tests' starts of node3 do not count.
+        fleet.run("node3", ["systemctl", "reset-failed", UNIT], check=False)
+        fleet.run("node3", ["systemctl", "restart", UNIT])
+        deadline = time.monotonic() + 60
+        while True:
+            journal = fleet.run("node3", ["journalctl", "-u", UNIT, "--no-pager", "-o", "cat", "--since", since],
+                                check=False).stdout
+            cleaned = journal.count("pre-start cleanup: removed /dev/shm/psm_standin_leaked (65536 bytes, file)")
+            if cleaned >= 2:
+                break
+            assert time.monotonic() < deadline, journal[-4000:]
+            time.sleep(0.5)
+        assert journal.count("stand-in fault exit_zero_leaking") >= 2, journal[-4000:]
+        assert journal.count("Application startup complete.") >= 2, journal[-4000:]
+        assert "No space left on device" not in journal, journal[-4000:]
+    finally:
+        served.heal("node3", force=False)
+    assert served.show("node3", "ActiveState")["ActiveState"] == "active"
+
+
 def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
     """A server that crash-looped into systemd's start limit (StartLimitBurst starts within
     StartLimitIntervalSec) is refused by every `systemctl start` until the limit is cleared: the
@@ -315,7 +344,7 @@ def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
     fleet = served.fleet
     served.fault("node2", fault="crash_during_load", load_s=1)
     try:
-        # Each start crashes half way through its load and systemd restarts it (Restart=on-failure,
+        # Each start crashes half way through its load and systemd restarts it (Restart=always,
         # 1 s): after StartLimitBurst (3) starts it gives up, and from then on refuses a start.
         fleet.run("node2", ["systemctl", "restart", UNIT], check=False)
         deadline = time.monotonic() + 60

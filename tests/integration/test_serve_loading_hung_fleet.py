@@ -2,7 +2,7 @@
 a server that systemd's own restart is loading is not reset, and the gate waits for it; a server
 whose /health answers while it generates nothing is hung, and reset.
 
-Loading: a rerun of reset_and_serve.yml 14 s after `kill -9`, while systemd's Restart=on-failure was
+Loading: a rerun of reset_and_serve.yml 14 s after `kill -9`, while systemd's Restart=always was
 loading the model, saw "connection refused", called the server unhealthy and reset the load. Hung:
 vLLM's EngineCore stopped keeps /health at 200 while no completion returns; the look called it
 healthy and left it so. The stand-in's fault file (read at each start) makes the next start load

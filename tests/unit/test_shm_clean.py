@@ -14,6 +14,7 @@ sys.path.insert(0, str(ensure_collection_link()))
 from ansible_collections.cleanslate.gpu.plugins.modules import shm_clean  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _file_users  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _leftovers  # noqa: E402  pylint: disable=wrong-import-position
 
 MIN_AGE_MAX = RANGES["shm_clean"]["min_age"].maximum
 
@@ -30,19 +31,19 @@ def params(**overrides):
     "vllm-ipc-3", "sglang_vllm_buffer",
 ])
 def test_default_patterns_select_crash_leftovers(name):
-    assert shm_clean.selected(name, shm_clean.DEFAULT_PATTERNS, [])
+    assert _leftovers.selected(name, shm_clean.DEFAULT_PATTERNS, [])
 
 
 @pytest.mark.parametrize("name", [
     "NCCL-upper", "pulse-shm-1234", "sem.other", "psm-dash", "torchvision", "my-job.lock", "Vllm",
 ])
 def test_default_patterns_leave_other_segments(name):
-    assert not shm_clean.selected(name, shm_clean.DEFAULT_PATTERNS, [])
+    assert not _leftovers.selected(name, shm_clean.DEFAULT_PATTERNS, [])
 
 
 def test_exclude_wins_over_patterns():
-    assert not shm_clean.selected("nccl-keep-1", ["nccl-*"], ["nccl-keep-*"])
-    assert shm_clean.selected("nccl-drop-1", ["nccl-*"], ["nccl-keep-*"])
+    assert not _leftovers.selected("nccl-keep-1", ["nccl-*"], ["nccl-keep-*"])
+    assert _leftovers.selected("nccl-drop-1", ["nccl-*"], ["nccl-keep-*"])
 
 
 @pytest.mark.parametrize("pattern, why", [
@@ -75,7 +76,7 @@ def test_defaults_are_valid_input():
     ("torch_4242", None), ("xtorch_4242_1", None), ("torch_99999999999_1", None),
 ])
 def test_torch_creator_pid_comes_from_the_name(name, pid):
-    assert shm_clean.torch_creator(name) == pid
+    assert _leftovers.torch_creator(name) == pid
 
 
 def test_freed_bytes_counts_allocated_space_of_the_last_name_only(tmp_path):

@@ -28,6 +28,10 @@ import time
 from . import cli, gpus, server, settings as settings_mod
 from .. import procinfo
 
+# What the exit_zero_leaking fault leaves in STANDIN_SHM_DIR: a name of shm_clean's (psm_*), as vLLM's rings.
+LEAKED_SEGMENT = "psm_standin_leaked"
+
+
 DEFAULTS = {  # what the engines use when a flag is not given
     "vllm": {"port": 8000, "host": "0.0.0.0", "fraction": 0.92, "workers": "VLLM::Worker_TP"},
     "sglang": {"port": 30000, "host": "127.0.0.1", "fraction": 0.88, "workers": "sglang::scheduler_TP"},
@@ -118,6 +122,9 @@ def main(engine: str, argv: list, env=None) -> int:
         state = server.State(engine, opts["served"], opts["model"], opts["api_key"], opts["spec_tokens"],
                              conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"],
                              opts.get("decode_log_interval", server.SGLANG_DECODE_LOG_INTERVAL), conf["fault"])
+        leaked = os.path.join(env.get("STANDIN_SHM_DIR") or "/dev/shm", LEAKED_SEGMENT)
+        if os.path.exists(leaked):
+            return die("OSError: [Errno 28] No space left on device: %r (a segment a crash leaked)" % leaked)
         if stop.wait(conf["import_s"]):  # importing: the port is not bound yet
             log("INFO stand-in: stopped while importing")
             return 0
@@ -166,6 +173,12 @@ def main(engine: str, argv: list, env=None) -> int:
         httpd.socket.shutdown(socket.SHUT_RDWR)
         httpd.server_close()
         log("ERROR stand-in fault dead_api: the API server stopped serving, its workers hold their GPUs")
+    if conf["fault"] == "exit_zero_leaking":
+        with open(leaked, "wb") as handle:
+            handle.write(b"\0" * 65536)
+        workers.stop()
+        log("ERROR stand-in fault exit_zero_leaking: the engine died, the API server exits 0, %s stays" % leaked)
+        return 0
     if conf["crash_after_s"] and not stop.wait(conf["crash_after_s"]):
         workers.stop()
         return die("RuntimeError: CUDA error: unspecified launch failure (stand-in crash %.1f s after ready)"

@@ -29,7 +29,10 @@ dead_api (once ready, the API server's listener dies and its port closes while t
 its GPU workers live on: the unit stays active, nothing answers, as a vLLM whose event loop died),
 hung_engine (completions never answer and no token is generated while /health answers 200, as a
 vLLM whose EngineCore process is stopped), busy (completions wait 60 s in the queue while other
-requests generate 50 tokens a second, as a saturated server).
+requests generate 50 tokens a second, as a saturated server), exit_zero_leaking (once ready, the
+server leaves a segment in STANDIN_SHM_DIR and exits 0, as a vLLM whose API server ends cleanly after
+its engine died, vllm-project/vllm#48966; any start that finds that segment dies, as an engine that
+meets a leaked segment does, sgl-project/sglang#40723).
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from pathlib import Path
 from .cli import DEFAULT_FLAGS_DIR
 
 FAULTS = ("ignore_sigterm", "crash_during_load", "never_ready", "low_acceptance", "orphan_workers", "dead_api",
-          "hung_engine", "busy")
+          "hung_engine", "busy", "exit_zero_leaking")
 LOW_ACCEPTANCE = 0.15
 
 
