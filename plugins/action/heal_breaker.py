@@ -41,8 +41,10 @@ ARGUMENT_SPEC = {
     "max_heals": {"type": "raw", "default": 3},
     "window_s": {"type": "raw", "default": 3600},
     "quiet_s": {"type": "raw", "default": 3600},
-    "metrics_dir": {"type": "str", "default": "/var/lib/prometheus/node-exporter"},
+    # None: DEFAULT_METRICS_DIR, written only where it is safe (see metrics_directory).
+    "metrics_dir": {"type": "str"},
 }
+DEFAULT_METRICS_DIR = "/var/lib/prometheus/node-exporter"
 # A year: anything longer is a typo (and a float that large loses the seconds).
 LONGEST_S = 366 * 86400
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -75,7 +77,7 @@ def check_args(args) -> dict:
         problems.append("host %r must be an inventory name (not empty, no control characters)" % host)
     for name in ("path", "metrics_dir"):
         value = args[name]
-        if name == "metrics_dir" and value == "":
+        if name == "metrics_dir" and not value:
             continue
         if not os.path.isabs(value) or CONTROL.search(value):
             problems.append("%s %s must be an absolute path on the controller (the playbooks' %s)"
@@ -99,6 +101,20 @@ def check_args(args) -> dict:
     return limits
 
 
+def metrics_directory(args, default=DEFAULT_METRICS_DIR) -> tuple:
+    """(directory, warning): where the breaker's metrics go. A directory the operator named was
+    checked by check_args (an unsafe one refuses the heal). The default is a record, not the
+    breaker: when someone else may write it (Debian's prometheus-blackbox-exporter gives
+    /var/lib/prometheus to its own user), no file is written and the heal goes on, with a warning."""
+    if args["metrics_dir"] is not None:
+        return args["metrics_dir"], ""
+    unsafe = trusted_directory_problem(default, (os.geteuid(),), missing_ok=True)
+    if unsafe:
+        return "", ("heal_breaker: no %s written (heal_metrics_dir is not set and its default is not safe to write in: %s)"
+                    % (breaker.METRICS_FILE, unsafe))
+    return default, ""
+
+
 def target_problem(host, event, trigger, configured) -> str:
     """Why the alert cannot heal `host`: it names another host (or none), or a unit the host is not
     served with (the heal would reset a host for something the inventory does not manage). The
@@ -119,6 +135,7 @@ class ActionModule(ControllerAction):
 
     def act(self, args, task_vars, result):
         limits = check_args(args)
+        metrics_dir, metrics_warning = metrics_directory(args)
         path, host, now = args["path"], args["host"], time.time()
         event = event_of(task_vars)
         mask = Masker([value for secrets in args["secrets"] for dummy, value in secret_values(secrets)])
@@ -153,13 +170,15 @@ class ActionModule(ControllerAction):
                     # Every request is recorded (a refused one restarts the quiet period), except an
                     # alert that an earlier heal already answered.
                     result.update(decision, changed=not decision.get("answered"))
-                if args["metrics_dir"] and os.path.isdir(args["metrics_dir"]):
+                if metrics_warning:
+                    display.warning(metrics_warning)
+                if metrics_dir and os.path.isdir(metrics_dir):
                     try:
-                        breaker.write_metrics(args["metrics_dir"], state, now, limits["window_s"])
+                        breaker.write_metrics(metrics_dir, state, now, limits["window_s"])
                         result["metrics_written"] = True
                     except OSError as exc:
                         # The decision stands: a metrics file is a record, not the breaker.
-                        display.warning("heal_breaker: cannot write %s/%s: %s" % (args["metrics_dir"], breaker.METRICS_FILE, exc))
+                        display.warning("heal_breaker: cannot write %s/%s: %s" % (metrics_dir, breaker.METRICS_FILE, exc))
         except breaker.BreakerError as exc:
             # Not chained: ansible-core would append the cause's sentence, which ours already holds.
             raise AnsibleActionFail(str(exc)) from None

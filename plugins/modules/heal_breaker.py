@@ -26,7 +26,7 @@ description:
     and surrogate characters, any space but U+0020) is written as its Python escape (C(\n), C(\u2003)), and the text
     is cut to 256 characters, the last one an ellipsis. The comparisons with O(host) and O(configured_units) are made
     on the alert's exact values.
-  - The directory of O(path) and O(metrics_dir), and each directory above them, must be real directories (no symbolic
+  - The directory of O(path) and a O(metrics_dir) that is set, and each directory above them, must be real directories (no symbolic
     link) owned by root or by the user running the play, writable by no one else (a sticky directory such as C(/tmp)
     may be above them); otherwise the task fails with one sentence naming the directory at fault, in check mode too.
   - The state is one JSON file, O(path), changed under an exclusive lock (a C(.lock) file beside it) and written to a
@@ -94,8 +94,10 @@ options:
     description:
       - The controller's node_exporter textfile directory, absolute; V('') or a directory that does not exist writes no
         metrics file.
+      - Not set, C(/var/lib/prometheus/node-exporter) when it exists and no one else may write it or a directory above
+        it; otherwise no file and a warning, and the heal goes on (Debian's C(prometheus-blackbox-exporter) package
+        gives C(/var/lib/prometheus) to its own user). A directory set here that others may write refuses the heal.
     type: str
-    default: /var/lib/prometheus/node-exporter
 """
 
 EXAMPLES = r"""

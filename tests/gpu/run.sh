@@ -26,6 +26,7 @@ ANSIBLE_PYTHON_INTERPRETER=$(command -v python3)
 export PYTHONUNBUFFERED=1 ANSIBLE_PYTHON_INTERPRETER
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$out/nvidia-smi.csv"
 python3 tests/gpu/probe_driver.py | tee "$out/probe.txt"
+python3 tests/gpu/xid_metal.py | tee "$out/xid_metal.json" || echo "xid_metal: exit $?" | tee -a "$out/xid_metal.json"
 rc=0
 python3 -m tests.gpu.scenarios --out "$out" ${SCENARIOS:+--only $SCENARIOS} || rc=$?
 exit $rc

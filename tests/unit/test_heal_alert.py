@@ -13,6 +13,7 @@ from urllib.parse import quote_plus
 import pytest
 from ansible.errors import AnsibleActionFail
 
+from ansible_collections.cleanslate.gpu.plugins.action import heal_breaker as action
 from ansible_collections.cleanslate.gpu.plugins.action.heal_breaker import ActionModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._heal_alert import FIELD_LIMIT, FIELDS, field_text, read_alert
@@ -175,3 +176,18 @@ def test_a_state_or_metrics_directory_others_may_steer_is_refused_before_anythin
     assert os.listdir(real) == [] and os.listdir(tmp_path / "open") == [] and not (tmp_path / "state").exists()
     # A metrics directory that does not exist still writes no file, and heals.
     assert run(tmp_path, {"labels": {"host": "gpu1"}}, metrics_dir=str(tmp_path / "none"))["allowed"]
+
+
+def test_the_default_metrics_directory_is_written_only_where_no_one_else_may_write(tmp_path):
+    """heal_metrics_dir unset: a default directory others may steer (Debian's blackbox exporter
+    gives /var/lib/prometheus to its user) writes no file and the heal goes on with a warning;
+    set to that directory, the heal is refused (above)."""
+    (tmp_path / "open" / "node-exporter").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "safe").mkdir()
+    unset = {"metrics_dir": None}
+    directory, warning = action.metrics_directory(unset, str(tmp_path / "open" / "node-exporter"))
+    assert directory == "" and "heal_metrics_dir is not set" in warning and "may be written by others" in warning
+    assert action.metrics_directory(unset, str(tmp_path / "safe")) == (str(tmp_path / "safe"), "")
+    assert action.metrics_directory({"metrics_dir": str(tmp_path / "open")}, str(tmp_path / "safe")) == (str(tmp_path / "open"), "")
+    assert action.metrics_directory({"metrics_dir": ""}, str(tmp_path / "safe")) == ("", "")
