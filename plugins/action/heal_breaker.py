@@ -32,7 +32,10 @@ display = Display()
 ARGUMENT_SPEC = {
     "path": {"type": "str", "default": "/var/lib/cleanslate-gpu/heal_breaker.json"},
     "host": {"type": "str", "required": True},
-    "state": {"type": "str", "default": "heal", "choices": ["heal", "closed"]},
+    "state": {"type": "str", "default": "heal", "choices": ["heal", "closed", "open"]},
+    # state=open: the reset's status that no heal changes (_heal_breaker.HOLD_OPEN), and its problems.
+    "cause": {"type": "str", "choices": list(breaker.HOLD_OPEN)},
+    "detail": {"type": "str", "default": ""},
     # The host's secrets mappings (inference_service_secrets, each instance's `secrets`): masked
     # in whatever of the alert is kept or shown.
     "secrets": {"type": "list", "elements": "raw", "default": [], "no_log": True},
@@ -45,6 +48,8 @@ ARGUMENT_SPEC = {
     "metrics_dir": {"type": "str"},
 }
 DEFAULT_METRICS_DIR = "/var/lib/prometheus/node-exporter"
+# Characters of the reset's problems kept in the reason (they quote kernel log lines).
+DETAIL_MAX = 2000
 # A year: anything longer is a typo (and a float that large loses the seconds).
 LONGEST_S = 366 * 86400
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -136,6 +141,8 @@ class ActionModule(ControllerAction):
     def act(self, args, task_vars, result):
         limits = check_args(args)
         metrics_dir, metrics_warning = metrics_directory(args)
+        if args["state"] == "open" and not args["cause"]:
+            raise AnsibleActionFail("state=open needs cause: the reset's status, one of %s" % ", ".join(breaker.HOLD_OPEN))
         path, host, now = args["path"], args["host"], time.time()
         event = event_of(task_vars)
         mask = Masker([value for secrets in args["secrets"] for dummy, value in secret_values(secrets)])
@@ -145,6 +152,8 @@ class ActionModule(ControllerAction):
         default_unit = load_spec("inference_service")["inference_service_unit"]["default"]
         configured = [unit or default_unit for unit in args["configured_units"] or [""]]
         refused = target_problem(host, event, fields, configured) if args["state"] == "heal" else ""
+        detail = mask(args["detail"])
+        detail = detail if len(detail) <= DETAIL_MAX else detail[:DETAIL_MAX] + "..."
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
         if refused:
             result.update(allowed=False, open=False, opened=False, reason=refused)
@@ -155,6 +164,8 @@ class ActionModule(ControllerAction):
                 state = breaker.load(path)
                 if args["state"] == "closed":
                     result.update(changed=breaker.close(state, host, now)["changed"], open=False)
+                elif args["state"] == "open":
+                    result.update(breaker.hold_open(state, host, now, args["cause"], detail))
                 else:
                     result.update(breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
                                                        limits["quiet_s"], trigger))
@@ -164,6 +175,8 @@ class ActionModule(ControllerAction):
                 if args["state"] == "closed":
                     decision = breaker.close(state, host, now)
                     result.update(changed=decision["changed"], was_open=decision["was_open"], open=False)
+                elif args["state"] == "open":
+                    result.update(breaker.hold_open(state, host, now, args["cause"], detail))
                 else:
                     decision = breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
                                                     limits["quiet_s"], trigger)

@@ -9,9 +9,12 @@ The NVIDIA driver logs each GPU fault to the kernel log as
 `NVRM: Xid (PCI:0000:2a:00): 79, pid=..., name=..., <text>`. XID_TABLE classifies each code the
 collection acts on; a code not in it is reported as `unknown` and keeps no GPU from serving.
 The classes follow the "Resolution Bucket (Immediate Action)" of NVIDIA's Xid catalog
-(CATALOG): RESTART_APP is `restart_app` (stopping the processes clears it: what node_reset does),
-RESET_GPU and RESTART_BM are `needs_reboot` (a GPU reset, `nvidia-smi -r`, or a reboot, neither of
-which this collection ever does), CONTACT_SUPPORT is `needs_service`.
+(CATALOG): RESTART_APP and IGNORE are `restart_app` (stopping the processes clears it: what
+node_reset does), RESET_GPU and RESTART_BM are `needs_reboot` (a GPU reset, `nvidia-smi -r`, or a
+reboot, neither of which this collection ever does), and so are the WORKFLOW_ rows whose text says
+a GPU reset or a reboot clears them (48, 74). `needs_service` is Xid 64 alone: its immediate action
+is RESET_GPU, but a row that could not be remapped stays bad after the reset (investigatory action
+CONTACT_SUPPORT; an RMA condition in NVIDIA's GPU Memory Error Management, MEMORY_ERRORS).
 
 The log's text is untrusted: a line is kept only up to LINE_MAX characters, each byte that is not
 UTF-8 as \\xNN and each control character as \\x.., so a line stays one line of valid JSON.
@@ -27,34 +30,38 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import parse_selector
 
 CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
+MEMORY_ERRORS = "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/index.html"
 RESTART_APP, NEEDS_REBOOT, NEEDS_SERVICE, UNKNOWN = "restart_app", "needs_reboot", "needs_service", "unknown"
 # Worst last: a GPU's action is that of its worst record.
 SEVERITY = (UNKNOWN, RESTART_APP, NEEDS_REBOOT, NEEDS_SERVICE)
 
 # code: (class, the catalog's mnemonic, what it means in our words). Source of each: CATALOG, the
-# row of that code.
+# row of that code (its "Resolution Bucket (Immediate Action)" in the comment where the class is
+# not read from it directly).
 XID_TABLE = {
     8: (RESTART_APP, "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", "the GPU stopped processing a channel"),
     13: (RESTART_APP, "ROBUST_CHANNEL_GR_EXCEPTION", "graphics engine exception, usually a kernel's bad access"),
     31: (RESTART_APP, "ROBUST_CHANNEL_FIFO_ERROR_MMU_ERR_FLT", "GPU memory page fault of an application"),
     32: (RESTART_APP, "ROBUST_CHANNEL_PBDMA_ERROR", "corrupted push buffer stream"),
-    43: (RESTART_APP, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "an application's channel stopped after a fault"),
-    45: (RESTART_APP, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "channels cleaned up after their process ended"),
+    43: (RESTART_APP, "ROBUST_CHANNEL_RESETCHANNEL_VERIF_ERROR", "an application's channel stopped after a fault"),  # IGNORE
+    45: (RESTART_APP, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", "channels cleaned up after their process ended"),  # WORKFLOW_XID_45
     68: (RESTART_APP, "ROBUST_CHANNEL_NVDEC0_ERROR", "video decoder exception"),
     69: (RESTART_APP, "ROBUST_CHANNEL_GR_CLASS_ERROR", "graphics engine class error"),
-    109: (RESTART_APP, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout"),
-    48: (NEEDS_REBOOT, "DBE_ERROR", "double bit ECC error in GPU memory"),
+    63: (RESTART_APP, "INFOROM_DRAM_RETIREMENT_EVENT", "a memory row remapped or page retired: no action"),  # IGNORE
+    94: (RESTART_APP, "ROBUST_CHANNEL_CONTAINED_ERROR",
+         "contained memory error: only the application that hit it must restart (NVIDIA: reset the GPU when convenient)"),
+    48: (NEEDS_REBOOT, "ROBUST_CHANNEL_GPU_ECC_DBE", "double bit ECC error in GPU memory"),  # WORKFLOW_XID_48
     62: (NEEDS_REBOOT, "PMU_HALT_ERROR", "internal micro-controller halted"),
-    63: (NEEDS_REBOOT, "ROW_REMAP_EVENT", "a memory row marked for remapping, applied at the next GPU reset"),
-    74: (NEEDS_REBOOT, "NVLINK_ERROR", "NVLink error"),
-    79: (NEEDS_REBOOT, "GPU_HAS_FALLEN_OFF_THE_BUS", "the GPU fell off the bus"),
-    94: (NEEDS_REBOOT, "CONTAINED_ERROR", "contained ECC error, the memory is remapped at the next GPU reset"),
-    95: (NEEDS_REBOOT, "UNCONTAINED_ERROR", "uncontained ECC error"),
+    74: (NEEDS_REBOOT, "NVLINK_ERROR", "NVLink error"),  # WORKFLOW_NVLINK_ERR
+    79: (NEEDS_REBOOT, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", "the GPU fell off the bus"),
+    95: (NEEDS_REBOOT, "ROBUST_CHANNEL_UNCONTAINED_ERROR", "uncontained memory error: the GPU must be reset"),
+    109: (NEEDS_REBOOT, "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR", "context switch timeout"),
     119: (NEEDS_REBOOT, "GSP_RPC_TIMEOUT", "the GPU System Processor did not answer in time"),
     120: (NEEDS_REBOOT, "GSP_ERROR", "error in the GPU System Processor"),
-    140: (NEEDS_REBOOT, "ECC_UNRECOVERABLE_ERROR", "unrecovered ECC error"),
+    140: (NEEDS_REBOOT, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error"),
+    # XID_154: the line names the action for another Xid; read as the worst it can name (not per line yet).
     154: (NEEDS_REBOOT, "GPU_RECOVERY_ACTION_CHANGED", "the driver asks for a GPU reset or a node reboot"),
-    64: (NEEDS_SERVICE, "ROW_REMAPPER_FAILURE", "a memory row could not be remapped: the GPU needs service"),
+    64: (NEEDS_SERVICE, "INFOROM_DRAM_RETIREMENT_FAILURE", "a memory row could not be remapped: the GPU needs service"),
 }
 
 LINE_MAX = 400  # characters of a log line kept

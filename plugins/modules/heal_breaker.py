@@ -36,6 +36,10 @@ description:
     O(metrics_dir), when that directory exists.
   - An alert that began (C(startsAt)) before the host's last heal started is refused without being counted, since that
     heal answered it (a repeat of the alert, queued behind the rulebook's lock while the heal ran).
+  - With O(state=open), opens the host's breaker at once, after a heal's reset ended O(cause) (a GPU whose kernel log
+    holds an Xid that only a GPU reset, a reboot or service clears, none of which the collection does), since counting it
+    toward O(max_heals) would reset the host and reload its model again for nothing. Such a breaker closes only with
+    O(state=closed), never after O(quiet_s). The alert is not read.
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -58,10 +62,23 @@ options:
     required: true
   state:
     description:
-      - V(heal) decides and counts a heal; V(closed) closes the host's breaker and forgets its heals.
+      - V(heal) decides and counts a heal; V(closed) closes the host's breaker and forgets its heals; V(open) opens it
+        at once for O(cause).
     type: str
-    choices: [heal, closed]
+    choices: [heal, closed, open]
     default: heal
+  cause:
+    description:
+      - With O(state=open), required; the status of the host's reset that no heal can change (node_reset's
+        C(needs_reboot) or C(needs_service)).
+    type: str
+    choices: [needs_reboot, needs_service]
+  detail:
+    description:
+      - With O(state=open), the reset's problems (which GPU, which Xid line), kept in RV(reason); secrets of O(secrets)
+        masked, cut to 2000 characters.
+    type: str
+    default: ""
   secrets:
     description:
       - The host's secrets, masked in everything kept of the alert (the result, the state, the metrics and so the
@@ -111,6 +128,15 @@ EXAMPLES = r"""
   delegate_to: localhost
   register: heal_breaker_decision
 
+- name: Open the breaker of a host whose reset found a GPU that needs a reboot
+  cleanslate.gpu.heal_breaker:
+    host: "{{ inventory_hostname }}"
+    state: open
+    cause: "{{ node_reset_result.status }}"
+    detail: "{{ node_reset_result.problems | join('; ') }}"
+  delegate_to: localhost
+  when: node_reset_result.status in ['needs_reboot', 'needs_service']
+
 - name: Close the breaker of a host a human fixed
   cleanslate.gpu.heal_breaker:
     host: gpu-node-07
@@ -131,7 +157,7 @@ open:
   sample: false
 opened:
   description: Whether this request opened the breaker.
-  returned: when O(state=heal)
+  returned: when O(state=heal) or O(state=open)
   type: bool
   sample: false
 closed:
@@ -145,8 +171,8 @@ heals:
   type: int
   sample: 1
 reason:
-  description: Why the heal was refused (one sentence); empty when allowed.
-  returned: when O(state=heal)
+  description: Why the heal was refused (one sentence); empty when allowed. With O(state=open), why the breaker is open.
+  returned: when O(state=heal) or O(state=open)
   type: str
   sample: gpu-node-07 was healed 3 times within 3600 s, the breaker is open, healing it stopped and the node is left as it is
     for a human

@@ -114,9 +114,9 @@ options:
       - V(retired_pages) fails on retired pages pending; C(Not Supported) passes.
       - V(xid) reads the kernel log once, after the last NVML read, for the driver's Xid records (C(NVRM) lines) of the
         selected GPUs (matched by PCI bus id), and fails on a record whose code a reset of the GPU's processes cannot
-        clear, by NVIDIA's Xid catalog - V(needs_reboot) (a GPU reset or a reboot, such as Xid 79, 48, 63, 94, 95,
-        119) or V(needs_service) (such as Xid 64). Application errors (such as Xid 13, 31, 43) and codes not in the
-        collection's table are listed in RV(gpus[].xid) and pass. This module never resets a GPU or reboots a host.
+        clear, by NVIDIA's Xid catalog - V(needs_reboot) (a GPU reset or a reboot, such as Xid 79, 48, 95, 109,
+        119) or V(needs_service) (such as Xid 64). Application errors (such as Xid 13, 31, 43, and 94, a contained
+        memory error) and codes not in the collection's table are listed in RV(gpus[].xid) and pass. This module never resets a GPU or reboots a host.
       - The log is read with C(journalctl -k) (root, or the C(systemd-journal) or C(adm) group), else with C(dmesg) on a
         host without journald; a log that cannot be read is a warning (RV(xid_log_problem)), not a failure. The read
         takes at most O(call_timeout) seconds, also when O(timeout) has run out, and at most 8 MiB of the newest log.

@@ -27,6 +27,12 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import re
 METRICS_FILE = "cleanslate_gpu_heal.prom"
 # What an entry keeps of the alert that asked for a heal: who triggered it.
 TRIGGER_KEYS = ("alertname", "fingerprint", "unit", "received_at", "starts_at")
+# The statuses of a reset (node_reset_result) that no heal can change: a GPU whose kernel log holds
+# an Xid only a GPU reset, a reboot or service clears (module_utils/_xid.py), none of which the
+# collection does. Such a host's breaker opens at once and stays open until the close command.
+HOLD_OPEN = ("needs_reboot", "needs_service")
+# The breaker's cause when it opened on its count of heals.
+HEALS = "heals"
 STARTS_AT = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)\Z")
 
 
@@ -35,7 +41,7 @@ class BreakerError(RuntimeError):
 
 
 def _empty_entry() -> dict:
-    return {"heals": [], "open": False, "opened_at": None, "reason": "", "last_request_at": None, "refused": 0}
+    return {"heals": [], "open": False, "opened_at": None, "reason": "", "last_request_at": None, "refused": 0, "cause": ""}
 
 
 def _valid(state) -> bool:
@@ -108,7 +114,7 @@ def _utc(seconds: float) -> str:
 
 
 def _close(entry: dict, now: float, why: str) -> None:
-    entry.update(open=False, opened_at=None, reason=why, heals=[], last_request_at=now, refused=0)
+    entry.update(open=False, opened_at=None, reason=why, heals=[], last_request_at=now, refused=0, cause="")
 
 
 def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: float, quiet_s: float,
@@ -119,12 +125,13 @@ def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: f
     At most `max_heals` heals within `window_s` seconds; the next request opens the breaker, and
     every request while it is open is refused. An open breaker closes at the first request that
     comes `quiet_s` seconds or more after the previous one (the alert stayed quiet that long), or by
-    close(): a host that keeps crashing keeps it open, so no reset loop ever starts again by itself."""
+    close(): a host that keeps crashing keeps it open, so no reset loop ever starts again by itself.
+    A breaker hold_open() opened closes only by close(): the GPU is as broken after any quiet."""
     entry = state["hosts"].setdefault(host, _empty_entry())
     closed = False
     if entry["open"]:
         last = entry.get("last_request_at") or 0
-        if now - last < quiet_s:
+        if now - last < quiet_s or entry.get("cause") in HOLD_OPEN:
             entry["last_request_at"] = now
             entry["refused"] = int(entry.get("refused") or 0) + 1
             return {"allowed": False, "open": True, "opened": False, "closed": False, "heals": len(entry["heals"]),
@@ -142,7 +149,7 @@ def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: f
                           % (host, trigger.get("alertname") or "(no name)", _utc(float(last_heal)))}
     entry["last_request_at"] = now
     if len(recent) >= max_heals:
-        entry.update(heals=recent, open=True, opened_at=now, refused=1, reason=(
+        entry.update(heals=recent, open=True, opened_at=now, refused=1, cause=HEALS, reason=(
             "%s was healed %d times within %g s: the breaker is open, healing it stopped and the node is left as it is "
             "for a human (it closes after %g s without an alert, or by the close command)"
             % (host, len(recent), window_s, quiet_s)))
@@ -152,6 +159,23 @@ def request_heal(state: dict, host: str, now: float, max_heals: int, window_s: f
     heal.update({key: trigger[key] for key in TRIGGER_KEYS if trigger.get(key) not in (None, "")})
     entry.update(heals=recent + [heal], reason="", last_heal_at=now)
     return {"allowed": True, "open": False, "opened": False, "closed": closed, "heals": len(recent) + 1, "reason": ""}
+
+
+def hold_open(state: dict, host: str, now: float, status: str, detail: str) -> dict:
+    """Open the breaker of `host` at once, after its reset ended `status` (one of HOLD_OPEN):
+    counted toward max_heals, each heal would stop the host's processes and reload its model on a
+    GPU that cannot serve. `detail` (the reset's problems: which GPU, which Xid line) goes into the
+    reason. {changed, opened (this call opened it), open, reason}."""
+    if status not in HOLD_OPEN:
+        raise ValueError("hold_open: %r is not one of %s" % (status, ", ".join(HOLD_OPEN)))
+    entry = state["hosts"].setdefault(host, _empty_entry())
+    reason = ("%s: its reset ended %s (%s): a heal cannot help, so its breaker opened at once. The collection never "
+              "resets a GPU or reboots a host: a human does (or sends the GPU for service), then closes the breaker "
+              "(cleanslate.gpu.heal_breaker_close)" % (host, status, detail or "no detail"))
+    opened = not entry["open"]
+    changed = opened or entry.get("cause") != status or entry.get("reason") != reason
+    entry.update(open=True, opened_at=now if opened else entry.get("opened_at") or now, cause=status, reason=reason)
+    return {"changed": changed, "opened": opened, "open": True, "reason": reason}
 
 
 def close(state: dict, host: str, now: float) -> dict:
@@ -174,7 +198,8 @@ def metric_families(state: dict, now: float, window_s: float) -> list:
         heals = [heal for heal in entry["heals"] if isinstance(heal, dict)]
         recent.append({"labels": labels, "value": sum(1 for heal in heals if now - float(heal.get("at", 0)) < window_s)})
         if entry["open"] and entry.get("opened_at"):
-            opened.append({"labels": labels, "value": float(entry["opened_at"])})
+            # Why: `heals` (healed too often) or the reset's status that no heal changes (HOLD_OPEN).
+            opened.append({"labels": dict(labels, cause=str(entry.get("cause") or HEALS)), "value": float(entry["opened_at"])})
         if heals:
             newest = heals[-1]
             last.append({"labels": dict(labels, alertname=str(newest.get("alertname", "")),
@@ -185,7 +210,8 @@ def metric_families(state: dict, now: float, window_s: float) -> list:
         {"name": "cleanslate_gpu_heal_recent_heals", "type": "gauge", "samples": recent,
          "help": "Heals of the host within the breaker's window"},
         {"name": "cleanslate_gpu_heal_breaker_opened_timestamp_seconds", "type": "gauge", "samples": opened,
-         "help": "When the host's heal breaker opened"},
+         "help": "When the host's heal breaker opened; cause: heals (healed too often), needs_reboot or needs_service"
+                 " (its reset found a GPU no heal can bring back)"},
         {"name": "cleanslate_gpu_heal_last_timestamp_seconds", "type": "gauge", "samples": last,
          "help": "When the last heal of the host started, with the alert that triggered it"},
     ]

@@ -70,10 +70,11 @@ MODULE_STEPS = (
          found="removed", would="remove", found_words="leftover file",
          found_bytes="bytes_freed"),
     Step("nvml_verify", ("gpus", "expected_count", "max_memory_used_mib", "allow_processes", "timeout",
-                         "poll_interval", "checks"),
+                         "poll_interval", "checks", "xid_since", "xid_log_path"),
          "poll NVML until every GPU is clean and healthy, else say why",
-         # expected_count 0 is the role's "no count check": the module wants it absent.
-         omit_empty=("expected_count",)),
+         # expected_count 0 is the role's "no count check"; xid_log_path empty is the host's own
+         # kernel log: the module wants both absent.
+         omit_empty=("expected_count", "xid_log_path")),
 )
 BY_MODULE = {step.module: step for step in MODULE_STEPS}
 MODULES = tuple(step.module for step in MODULE_STEPS)

@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 _alive = procinfo.alive
 
 
-def _playbook(name: str, manifest: dict, tmp_path: Path) -> tuple:
+def _playbook(name: str, manifest: dict, tmp_path: Path, **role_vars) -> tuple:
     extra = tmp_path / "vars.json"
-    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"))))
+    extra.write_text(json.dumps(node_reset_vars(manifest, fleet_report_path=str(tmp_path / "reports"), **role_vars)))
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     before = set((tmp_path / "reports").glob("*.json"))
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), f"playbooks/{name}.yml",
@@ -49,9 +49,12 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     assert Path(manifest["site_packages"]["pyc"]).exists()
 
-    proc, row = _playbook("reset", manifest, tmp_path)
+    # The crash left an application's Xid 13 on GPU 1 in the kernel log: a reset clears it.
+    log = tmp_path / "kern.log"
+    log.write_bytes(_xid_line(manifest, 1, 13, b"pid=4242, name=python3, Graphics SM Warp Exception") + b"\n")
+    proc, row = _playbook("reset", manifest, tmp_path, node_reset_nvml_verify_xid_log_path=str(log))
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert row["status"] == "ok" and row["killed"] > 0 and row["shm_bytes_freed"] > 0
+    assert row["status"] == "ok" and row["killed"] > 0 and row["shm_bytes_freed"] > 0 and not row["problems"], row
     # The fleet report is printed once: not the role's own-play summary beside it.
     assert "Say what the role did" not in proc.stdout
 
@@ -525,3 +528,40 @@ def test_a_real_resets_report_names_each_process_it_stopped_and_each_leftover_wi
     assert "  - removed %s: held only by pid %d " % (worker_fd["path"], worker_fd["pid"]) in markdown
     for text in [path.read_text() for path in reports] + [proc.stdout, proc.stderr]:
         assert canary_key not in text and canary_token not in text
+
+
+def _xid_line(manifest, index, code, text):
+    """A kernel log line of Xid `code` on GPU `index` of the simulated node, as the driver writes it."""
+    domain, bus, device = FakeNvml(manifest["nvml"]["state_dir"]).gpus()[index]["pci_bus_id"].split(".")[0].split(":")
+    return b"2026-12-05T10:00:00+0000 node kernel: NVRM: Xid (PCI:%s:%s:%s): %d, %s" % (
+        domain[-4:].lower().encode(), bus.lower().encode(), device.lower().encode(), code, text)
+
+
+def test_a_gpu_whose_xid_needs_a_reboot_or_service_is_reported_with_its_line_and_fails_the_host(crashed_node, tmp_path):
+    """The kernel log (fed through node_reset_nvml_verify_xid_log_path) says GPU 0 fell off the bus
+    (79) and GPU 1's row remapper failed (64); GPU 2's 13 is an application's. The reset runs, and the
+    host is needs_service (the worst), fails (serving is skipped for a host its reset fails), and each
+    GPU's problem names its Xid and quotes its line as the log wrote it: a template, bytes that are not
+    UTF-8 and a 100 000-character line come through untemplated, escaped and cut."""
+    manifest = crashed_node
+    ran = tmp_path / "template-ran"
+    hostile = b"{{ lookup('pipe', 'touch %s') }}" % str(ran).encode()
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"\n".join([
+        _xid_line(manifest, 2, 13, b"pid=4242, name=python3, Graphics SM Warp Exception " + hostile),
+        _xid_line(manifest, 0, 79, b"pid='<unknown>', name=<unknown>, GPU has fallen off the bus. " + hostile + b"A" * 100000),
+        _xid_line(manifest, 1, 64, b"pid='<unknown>', name=<unknown>, Row Remapper Error \xff\xfe{% raw %}"),
+    ]) + b"\n")
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_nvml_verify_xid_log_path=str(log)), tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "needs_service" and not row["ok"] and row["killed"] > 0, row
+    assert "| simulated-node | needs_service |" in proc.stdout
+    (gpu0,) = [problem for problem in row["problems"] if problem.startswith("GPU 0 (")]
+    (gpu1,) = [problem for problem in row["problems"] if problem.startswith("GPU 1 (")]
+    assert not [problem for problem in row["problems"] if problem.startswith("GPU 2 (")], row["problems"]
+    assert "needs_reboot: Xid 79" in gpu0 and hostile.decode() in gpu0 and "AAAA..." in gpu0 and len(gpu0) < 1000, gpu0
+    assert "needs_service: Xid 64" in gpu1 and "\\\\xff\\\\xfe{% raw %}" in gpu1, gpu1
+    assert all("this collection does neither" in problem for problem in (gpu0, gpu1))
+    assert not ran.exists()

@@ -71,3 +71,17 @@ def test_the_documented_thresholds_are_the_files():
             rule = rules[name]
             text = "for: %s" % rule.get("for", "0s") if written.startswith("for: ") else " ".join(rule["expr"].split())
             assert written in text, (name, written, text)
+
+
+def test_the_heal_rulebook_never_heals_a_gpu_that_needs_a_reboot_or_service():
+    """A heal resets the host's processes and reloads the model: on a GPU whose Xid a reset cannot
+    clear it would only fail again. The rulebook heals on the alerts its condition names or on a
+    cleanslate_heal label: neither may be an alert of the Xid metric."""
+    rules = [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+    xid_alerts = {rule["alert"] for rule in rules if PREFIX + "reset_gpu_xid_action" in rule["expr"]}
+    assert xid_alerts == {"CleanslateGpuNeedsReboot", "CleanslateGpuNeedsService"}
+    rulebook = (REPO / "extensions" / "eda" / "rulebooks" / "heal.yml").read_text()
+    (condition,) = [rule["condition"] for ruleset in yaml.safe_load(rulebook) for rule in ruleset["rules"]]
+    healed = set(re.findall(r"\"(CleanslateGpu\w+)\"", condition))
+    assert healed and not healed & xid_alerts, healed & xid_alerts
+    assert all((rule.get("labels") or {}).get("cleanslate_heal") != "true" for rule in rules if rule["alert"] in xid_alerts)

@@ -91,6 +91,37 @@ def test_a_heal_records_who_triggered_it_and_the_metrics_say_so():
     assert [s["labels"]["host"] for s in samples["cleanslate_gpu_heal_breaker_opened_timestamp_seconds"]] == ["gpu2"]
 
 
+@pytest.mark.parametrize("status", breaker.HOLD_OPEN)
+def test_a_reset_that_finds_a_gpu_no_heal_can_help_opens_the_breaker_at_once_until_closed(status):
+    """One heal whose reset ends needs_reboot/needs_service: the breaker opens then, not after
+    max_heals more resets of a GPU that cannot serve, and no quiet period closes it."""
+    state = {"hosts": {}}
+    assert heal(state, "gpu1", 0)["allowed"]
+    line = "GPU 1 (00000000:2A:00.0): %s: Xid 79 ... \"NVRM: Xid (PCI:0000:2a:00): 79, {{ lookup('pipe', 'id') }}\"" % status
+    decision = breaker.hold_open(state, "gpu1", 10, status, line)
+    assert decision["opened"] and decision["open"] and decision["changed"]
+    assert status in decision["reason"] and line in decision["reason"] and "never resets a GPU or reboots" in decision["reason"]
+    assert breaker.hold_open(state, "gpu1", 11, status, line)["changed"] is False  # the same again changes nothing
+    # Far past the quiet period: still refused, with the Xid reason (a count-opened breaker would close here).
+    later = heal(state, "gpu1", 10 ** 6)
+    assert not later["allowed"] and later["open"] and status in later["reason"]
+    samples = parse(breaker.render(breaker.metric_families(state, 10 ** 6, 3600)))
+    (opened,) = samples["cleanslate_gpu_heal_breaker_opened_timestamp_seconds"]
+    assert opened["labels"] == {"host": "gpu1", "cause": status} and opened["value"] == 10
+    assert breaker.close(state, "gpu1", 10 ** 6 + 1)["was_open"] and heal(state, "gpu1", 10 ** 6 + 2)["allowed"]
+    # A breaker the count opened says so.
+    for when in range(4):
+        heal(state, "gpu2", when)
+    samples = parse(breaker.render(breaker.metric_families(state, 5, 3600)))
+    assert {s["labels"]["host"]: s["labels"]["cause"] for s in samples["cleanslate_gpu_heal_breaker_opened_timestamp_seconds"]} \
+        == {"gpu2": "heals"}
+
+
+def test_only_a_status_no_heal_changes_opens_the_breaker_at_once():
+    with pytest.raises(ValueError):
+        breaker.hold_open({"hosts": {}}, "gpu1", 0, "dirty", "")
+
+
 def _heal_many(path, host, count, queue):
     for dummy in range(count):
         with breaker.locked(path) as state:

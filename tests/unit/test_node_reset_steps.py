@@ -64,7 +64,8 @@ def test_the_defaults_give_each_module_its_options_and_leave_out_what_is_unset()
     assert "tmp_path" not in node_reset_step_args(values(node_reset_shm_clean_tmp_path=""))["shm_clean"]
     # expected_count 0 is the role's "no count check": the module wants it absent (it refuses 0).
     assert args["nvml_verify"] == {"gpus": [], "max_memory_used_mib": 16, "allow_processes": False, "timeout": 30,
-                                   "poll_interval": 0.1, "checks": DEFAULTS["node_reset_nvml_verify_checks"]}
+                                   "poll_interval": 0.1, "checks": DEFAULTS["node_reset_nvml_verify_checks"],
+                                   "xid_since": ""}  # xid_log_path unset: the host's own kernel log
 
 
 def test_bytecode_targets_run_the_first_step_with_only_the_options_given():
@@ -77,6 +78,14 @@ def test_bytecode_targets_run_the_first_step_with_only_the_options_given():
     assert args["pycache_purge"] == {"modules": ["vllm"], "python": "/usr/bin/python3", "mode": "stale"}
     assert args["nvml_verify"]["expected_count"] == "8"
     assert args["gpu_reset"]["cgroup"] == "/lxc/1/" and args["gpu_reset"]["users"] == ["vllm"]
+
+
+def test_the_xid_window_and_a_fed_kernel_log_reach_nvml_verify():
+    # Without xid_since an Xid 79 cleared by a reboot earlier in the boot would still block the GPU.
+    args = node_reset_step_args(values(node_reset_nvml_verify_xid_since="-2h",
+                                       node_reset_nvml_verify_xid_log_path="/var/log/kern.log"))["nvml_verify"]
+    assert args["xid_since"] == "-2h" and args["xid_log_path"] == "/var/log/kern.log"
+    assert "xid_log_path" not in node_reset_step_args(values(node_reset_nvml_verify_xid_log_path=""))["nvml_verify"]
 
 
 def test_a_check_reads_the_gpus_once_and_a_container_waits_at_most_sweep_after():
