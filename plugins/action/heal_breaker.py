@@ -33,9 +33,9 @@ ARGUMENT_SPEC = {
     "path": {"type": "str", "default": "/var/lib/cleanslate-gpu/heal_breaker.json"},
     "host": {"type": "str", "required": True},
     "state": {"type": "str", "default": "heal", "choices": ["heal", "closed", "open"]},
-    # state=open: the reset's status that no heal changes (_heal_breaker.HOLD_OPEN), and its problems.
+    # state=open: the reset's status that no heal changes (_heal_breaker.HOLD_OPEN); its problems
+    # are read by reset_problems, never templated.
     "cause": {"type": "str", "choices": list(breaker.HOLD_OPEN)},
-    "detail": {"type": "str", "default": ""},
     # The host's secrets mappings (inference_service_secrets, each instance's `secrets`): masked
     # in whatever of the alert is kept or shown.
     "secrets": {"type": "list", "elements": "raw", "default": [], "no_log": True},
@@ -106,6 +106,16 @@ def check_args(args) -> dict:
     return limits
 
 
+def reset_problems(task_vars) -> str:
+    """The host's reset problems (node_reset_result.problems, which quote kernel log lines), read
+    as stored: a template in them is text, never run (as the alert in event_of)."""
+    result = task_vars.get("node_reset_result")
+    problems = result.get("problems") if isinstance(result, dict) else None
+    if not isinstance(problems, list):
+        return ""
+    return "; ".join(str(problem) for problem in problems)
+
+
 def metrics_directory(args, default=DEFAULT_METRICS_DIR) -> tuple:
     """(directory, warning): where the breaker's metrics go. A directory the operator named was
     checked by check_args (an unsafe one refuses the heal). The default is a record, not the
@@ -152,7 +162,7 @@ class ActionModule(ControllerAction):
         default_unit = load_spec("inference_service")["inference_service_unit"]["default"]
         configured = [unit or default_unit for unit in args["configured_units"] or [""]]
         refused = target_problem(host, event, fields, configured) if args["state"] == "heal" else ""
-        detail = mask(args["detail"])
+        detail = mask(reset_problems(task_vars)) if args["state"] == "open" else ""
         detail = detail if len(detail) <= DETAIL_MAX else detail[:DETAIL_MAX] + "..."
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
         if refused:

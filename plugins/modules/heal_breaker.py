@@ -39,7 +39,9 @@ description:
   - With O(state=open), opens the host's breaker at once, after a heal's reset ended O(cause) (a GPU whose kernel log
     holds an Xid that only a GPU reset, a reboot or service clears, none of which the collection does), since counting it
     toward O(max_heals) would reset the host and reload its model again for nothing. Such a breaker closes only with
-    O(state=closed), never after O(quiet_s). The alert is not read.
+    O(state=closed), never after O(quiet_s). The alert is not read. The reason quotes the host's reset problems (which
+    GPU, which Xid line), read by the action from the host's C(node_reset_result) as stored, never templated; secrets
+    of O(secrets) masked, cut to 2000 characters.
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -73,12 +75,6 @@ options:
         C(needs_reboot) or C(needs_service)).
     type: str
     choices: [needs_reboot, needs_service]
-  detail:
-    description:
-      - With O(state=open), the reset's problems (which GPU, which Xid line), kept in RV(reason); secrets of O(secrets)
-        masked, cut to 2000 characters.
-    type: str
-    default: ""
   secrets:
     description:
       - The host's secrets, masked in everything kept of the alert (the result, the state, the metrics and so the
@@ -133,7 +129,6 @@ EXAMPLES = r"""
     host: "{{ inventory_hostname }}"
     state: open
     cause: "{{ node_reset_result.status }}"
-    detail: "{{ node_reset_result.problems | join('; ') }}"
   delegate_to: localhost
   when: node_reset_result.status in ['needs_reboot', 'needs_service']
 

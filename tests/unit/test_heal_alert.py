@@ -191,3 +191,19 @@ def test_the_default_metrics_directory_is_written_only_where_no_one_else_may_wri
     assert action.metrics_directory(unset, str(tmp_path / "safe")) == (str(tmp_path / "safe"), "")
     assert action.metrics_directory({"metrics_dir": str(tmp_path / "open")}, str(tmp_path / "safe")) == (str(tmp_path / "open"), "")
     assert action.metrics_directory({"metrics_dir": ""}, str(tmp_path / "safe")) == ("", "")
+
+
+def test_an_opened_breaker_quotes_the_resets_problems_as_stored_masked_and_never_templated(tmp_path):
+    """state=open reads node_reset_result.problems from the host's variables itself: a kernel log
+    line carrying a template stays text, a secret in it is masked (a `detail: "{{ node_reset_result.problems
+    | join }}"` argument would be rendered by ansible-core before 2.19, which loses the unsafe mark on join)."""
+    line = "NVRM: Xid (PCI:0000:2a:00): 79, {{ lookup('pipe', 'touch %s') }} %s" % (tmp_path / "ran", API_KEY)
+    task_vars = {"inventory_hostname": "gpu1",
+                 "node_reset_result": {"status": "needs_reboot", "problems": ["GPU 0 needs a reboot: " + line]}}
+    args = {"host": "gpu1", "path": str(tmp_path / "state" / "breaker.json"), "metrics_dir": "", "secrets": SECRETS,
+            "configured_units": [""], "state": "open", "cause": "needs_reboot"}
+    result = Run(args).run(task_vars=task_vars)
+    assert result["open"] and "{{ lookup('pipe', 'touch %s') }}" % (tmp_path / "ran") in result["reason"], result
+    assert API_KEY not in written(tmp_path) + json.dumps(result) and not (tmp_path / "ran").exists()
+    for stored in ({}, {"node_reset_result": "text"}, {"node_reset_result": {"problems": "text"}}):
+        assert action.reset_problems(stored) == ""
