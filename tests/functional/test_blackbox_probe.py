@@ -59,9 +59,10 @@ def exporter(tmp_path):
 
 
 def probe(exporter_port, served) -> float:
-    """One probe, as Prometheus sends it: the target (relabeled from the engine's host:port) and the
-    scrape's timeout in the header, which caps the module's deadline (3 s here)."""
-    target = "127.0.0.1:%d/v1/completions" % served.port
+    """One probe, as Prometheus sends it: the target (relabeled from the engine's host:port as
+    docs/observability.md's scrape job does) and the scrape's timeout in the header, which caps the
+    module's deadline (3 s here)."""
+    target = "http://127.0.0.1:%d/v1/completions" % served.port
     request = urllib.request.Request("http://127.0.0.1:%d/probe?module=cleanslate_completion&target=%s" % (exporter_port, target),
                                      headers={"X-Prometheus-Scrape-Timeout-Seconds": "3"})
     with urllib.request.urlopen(request, timeout=30) as response:
