@@ -10,11 +10,12 @@
 # 13 root file system of the newer controllers (tools/controller); shellcheck is ansible-test
 # sanity's test of the shell scripts (skipped without it); prometheus gives promtool (the alert
 # rules' tests) and the Prometheus server that evaluates them against the fleet;
-# prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop.
+# prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop;
+# prometheus-blackbox-exporter runs the shipped active probe (files/prometheus/blackbox.yml).
 # ee: podman and runc build and run the execution environment (make ee, in make test).
 set -euo pipefail
 demo=(python3 python3-venv gcc libc6-dev make procps iproute2 openssh-client mmdebstrap systemd-container zstd)
-test=("${demo[@]}" git psmisc shellcheck prometheus prometheus-alertmanager openjdk-17-jre-headless)
+test=("${demo[@]}" git psmisc shellcheck prometheus prometheus-alertmanager prometheus-blackbox-exporter openjdk-17-jre-headless)
 ee=(podman runc)
 # How long to wait for another apt or dpkg (unattended-upgrades, a second terminal) to finish.
 LOCK_WAIT_S=${LOCK_WAIT_S:-600}
@@ -65,6 +66,13 @@ if [ -n "$holder" ]; then
     sleep 2
     waited=$((waited + 2))
   done
+fi
+# prometheus-blackbox-exporter's postinst hands /var/lib/prometheus to the prometheus user, unless
+# a stat override says otherwise; heal refuses a metrics directory below one another user may write
+# (docs/self_healing.md), and the default one, /var/lib/prometheus/node-exporter, is there. Debian's
+# override keeps root its owner.
+if [[ " ${missing[*]} " == *" prometheus-blackbox-exporter "* ]] && ! dpkg-statoverride --list /var/lib/prometheus >/dev/null; then
+  dpkg-statoverride --add root root 0755 /var/lib/prometheus
 fi
 echo "install_os_deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive

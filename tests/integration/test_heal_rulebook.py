@@ -40,11 +40,12 @@ def loop(tmp_path_factory):
         # node3 to node5 carry a canary key (for the hostile alerts); node8 is in heal_hosts only.
         "hosts": {"node1": None, "node2": None, "node3": {"inference_service_secrets": {"hf_token": CANARY}},
                   "node4": {"inference_service_secrets": {"api_key": CANARY}},
-                  "node5": {"inference_service_instances": [{"unit": "vllm-a.service", "secrets": {"api_key": CANARY}}]}},
+                  "node5": {"inference_service_instances": [{"unit": "vllm-a.service", "secrets": {"api_key": CANARY}}]},
+                  "node6": None, "node7": None, "node10": None},
         "vars": {"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_python_interpreter": "/usr/bin/python3",
                  "heal_state_path": str(workdir / "state" / "breaker.json"),
                  "heal_metrics_dir": str(workdir / "metrics"), "fleet_report_path": str(workdir / "reports")}}}}}))
-    rulebook = Rulebook(workdir, inventory, hosts=["node1", "node2", "node4", "node5", "node8"])
+    rulebook = Rulebook(workdir, inventory, hosts=["node1", "node2", "node4", "node5", "node8", "node6", "node7", "node10"])
     rulebook.workdir, rulebook.inventory = workdir, inventory
     try:
         yield rulebook
@@ -210,3 +211,16 @@ def test_a_hostile_alert_runs_no_template_and_copies_no_secret(loop):
     assert heal["alertname"] == "Custom ********" and heal["fingerprint"] == shown(ran, 2)
     assert "Triggered by cleanslate.gpu.heal: alertname Custom ********, fingerprint {{ lookup('pipe', 'touch %s') }}" % ran \
         in output, output[-3000:]
+
+
+def test_a_hung_server_a_failing_probe_and_a_crash_loop_each_start_a_heal(loop):
+    """Issue 39, 1 and 3: the alerts beside the down ones that heal acts on, each for a host of its
+    own (the throttle lets one heal per host through). Each run reaches the breaker, which keeps the
+    alert's name; reset_and_serve's assessment then decides what is reset (a busy or loading server
+    never is: test_inference_service_assessment.py)."""
+    before = loop.finished()
+    names = {"node6": "CleanslateGpuServerHung", "node7": "CleanslateGpuProbeFailing", "node10": "CleanslateGpuCrashLoop"}
+    assert loop.post(payload(*[alert(host, name=name, unit="inference-server.service") for host, name in names.items()])) == 200
+    wait_until("the three heals", lambda: loop.finished() >= before + 3)
+    assert {host: [heal["alertname"] for heal in state(loop).get(host, {}).get("heals", [])] for host in names} == \
+        {host: [name] for host, name in names.items()}, loop.text()[-5000:]
