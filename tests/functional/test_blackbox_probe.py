@@ -5,57 +5,24 @@ answers gives probe_success 1 (the key was sent from its file, the completion wa
 whose engine is hung (/health still 200) gives 0 within the probe's deadline."""
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
-import time
 import urllib.request
 
 import pytest
 
-from tests.functional.standin import REPO, engine, free_port, node  # noqa: F401  # pylint: disable=unused-import
+from tests.blackbox import MODULE, Blackbox
+from tests.functional.standin import engine, node  # noqa: F401  # pylint: disable=unused-import
 
-SHIPPED = REPO / "files" / "prometheus" / "blackbox.yml"
 KEY = "sk-blackbox-probe-4Rt8"
-
-
-def blackbox_binary() -> str:
-    path = shutil.which("prometheus-blackbox-exporter") or shutil.which("blackbox_exporter")
-    if not path:
-        message = "blackbox_exporter is not installed (Debian's prometheus-blackbox-exporter: tools/install_os_deps.sh test)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI must not go green without the real exporter
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture
 def exporter(tmp_path):
-    binary = blackbox_binary()
-    key_file = tmp_path / "api_key"
-    key_file.write_text(KEY)
-    key_file.chmod(0o600)
-    config = tmp_path / "blackbox.yml"
-    config.write_text(SHIPPED.read_text().replace("SERVED_MODEL_NAME", "llama")
-                      .replace("/etc/prometheus/cleanslate_gpu_api_key", str(key_file)))
-    port = free_port()
-    proc = subprocess.Popen([binary, "--config.file=%s" % config, "--web.listen-address=127.0.0.1:%d" % port],  # pylint: disable=consider-using-with
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    box = Blackbox(tmp_path, "llama", KEY)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/-/healthy" % port, timeout=2):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "blackbox_exporter did not answer"
-                time.sleep(0.1)
-        yield port
+        yield box.port
     finally:
-        proc.kill()
-        proc.wait()
+        box.stop()
 
 
 def probe(exporter_port, served) -> float:
@@ -63,7 +30,7 @@ def probe(exporter_port, served) -> float:
     docs/observability.md's scrape job does) and the scrape's timeout in the header, which caps the
     module's deadline (3 s here)."""
     target = "http://127.0.0.1:%d/v1/completions" % served.port
-    request = urllib.request.Request("http://127.0.0.1:%d/probe?module=cleanslate_completion&target=%s" % (exporter_port, target),
+    request = urllib.request.Request("http://127.0.0.1:%d/probe?module=%s&target=%s" % (exporter_port, MODULE, target),
                                      headers={"X-Prometheus-Scrape-Timeout-Seconds": "3"})
     with urllib.request.urlopen(request, timeout=30) as response:
         text = response.read().decode()

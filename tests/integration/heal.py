@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 RULEBOOK_VENV = REPO / "build" / "venvs" / "rulebook"
 RULEBOOK = REPO / "extensions" / "eda" / "rulebooks" / "heal.yml"
+RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
 TOKEN = "t0ken-for-the-heal-tests"
 # The loop's deadlines held on CI's 2 cores at load 8 and one failed at load 20: beyond the load
 # per core they were seen to hold at, each stretches in proportion (a process gets that much less
@@ -186,6 +189,80 @@ class Alertmanager:
             [binary, "--config.file=%s" % path, "--storage.path=%s" % (workdir / "alertmanager-data"),
              "--web.listen-address=127.0.0.1:%d" % self.port, "--cluster.listen-address="],
             stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def short_rules(path: Path, for_s: int, window_s: int | None = None) -> Path:
+    """The shipped rules with every `for:` at for_s seconds and, with window_s, every range of an
+    expression (`[3m]`) at window_s seconds: the tests' only changes to them."""
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = "%ds" % for_s
+            if window_s:
+                rule["expr"] = re.sub(r"\[\d+[smh]\]", "[%ds]" % window_s, rule["expr"])
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return path
+
+
+def short_throttle(path: Path) -> Path:
+    """The shipped rulebook with its throttle at 5 seconds (shipped: 10 minutes)."""
+    rulebook = yaml.safe_load(RULEBOOK.read_text())
+    for rule in rulebook[0]["rules"]:
+        rule["throttle"]["once_within"] = "5 seconds"
+    path.write_text(yaml.safe_dump(rulebook, sort_keys=False))
+    return path
+
+
+class Prometheus:
+    """Debian's Prometheus on a free local port: `scrape_configs`, the rules file, alerts sent to
+    Alertmanager's port; scrapes and evaluations every scrape_s seconds."""
+
+    def __init__(self, workdir: Path, scrape_configs: list, rules: Path, alertmanager_port: int,
+                 scrape_s: int = 1, scrape_timeout_s: float = 0.9):
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "%ds" % scrape_s, "evaluation_interval": "%ds" % scrape_s,
+                       "scrape_timeout": "%dms" % (scrape_timeout_s * 1000)},
+            "rule_files": [str(rules)],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:%d" % alertmanager_port]}]}]},
+            "scrape_configs": scrape_configs,
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = open(workdir / "prometheus.log", "wb")  # noqa: SIM115  # closed in stop()
+        self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+            [shutil.which("prometheus"), "--config.file=%s" % (workdir / "prometheus.yml"),
+             "--storage.tsdb.path=%s" % (workdir / "tsdb"), "--web.listen-address=127.0.0.1:%d" % self.port],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        limit = stretched(60)
+        deadline = time.monotonic() + limit
+        while not self._ready():
+            assert self.proc.poll() is None, "Prometheus ended: %s" % (workdir / "prometheus.log")
+            if time.monotonic() > deadline:
+                pytest.fail("Prometheus was not ready within %d s" % limit)
+            time.sleep(0.3)
+
+    def _ready(self) -> bool:
+        try:
+            return "Ready" in self.get("/-/ready")
+        except OSError:
+            return False
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=10) as response:
+            return response.read().decode("utf-8")
+
+    def alerts(self) -> list:
+        return json.loads(self.get("/api/v1/alerts"))["data"]["alerts"]
+
+    def query(self, expression: str) -> list:
+        return json.loads(self.get("/api/v1/query?" + urllib.parse.urlencode({"query": expression})))["data"]["result"]
 
     def stop(self) -> None:
         if self.proc.poll() is None:

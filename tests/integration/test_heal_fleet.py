@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -28,13 +27,12 @@ import pytest
 import yaml
 
 from tests.integration.fleet import engines
-from tests.integration.heal import REPO, RULEBOOK, Alertmanager, Rulebook, alert_deadline, hostile_alert, payload, \
-    shown, stretched
+from tests.integration.heal import REPO, Alertmanager, Prometheus, Rulebook, alert_deadline, hostile_alert, payload, \
+    short_rules, short_throttle, shown, stretched
 from tests.integration.test_inference_service_fleet import UNIT, base_vars
-from tests.integration.test_observe_fleet import free_port, get, wait_for
+from tests.integration.test_observe_fleet import wait_for
 
 ANSIBLE_PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
-RULES = REPO / "files" / "prometheus" / "cleanslate_gpu.rules.yml"
 HOSTS = ("node1", "node2")
 MAX_HEALS = 2
 # node2 is served with a key (the canary of the hostile alert's test); node1 without one.
@@ -43,25 +41,6 @@ KEYS = {"node2": CANARY}
 METRICS = "/var/lib/prometheus/node-exporter"
 # The test's Prometheus: scrapes and evaluations every second, every rule's `for:` 1 s.
 SCRAPE_S, SCRAPE_TIMEOUT_S, EVALUATION_S, FOR_S = 1, 0.9, 1, 1
-
-
-def short_rules(path: Path) -> Path:
-    """The shipped rules with every `for:` at 1s (the test's only change to them)."""
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if "for" in rule:
-                rule["for"] = "%ds" % FOR_S
-    path.write_text(yaml.safe_dump(rules, sort_keys=False))
-    return path
-
-
-def short_throttle(path: Path) -> Path:
-    rulebook = yaml.safe_load(RULEBOOK.read_text())
-    for rule in rulebook[0]["rules"]:
-        rule["throttle"]["once_within"] = "5 seconds"
-    path.write_text(yaml.safe_dump(rulebook, sort_keys=False))
-    return path
 
 
 class Loop:
@@ -81,7 +60,6 @@ class Loop:
                 values["inference_service_secrets"] = {"api_key": KEYS[host]}
             (self.inventory / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump(values))
         self.procs = []
-        self.prometheus_port = free_port()
 
     def address(self, host):
         return self.fleet.hosts[host].address
@@ -96,39 +74,24 @@ class Loop:
         self.procs.append(self.rulebook)
         self.alertmanager = Alertmanager(self.workdir, self.rulebook.port)
         self.procs.append(self.alertmanager)
-        config = {
-            "global": {"scrape_interval": "%ds" % SCRAPE_S, "evaluation_interval": "%ds" % EVALUATION_S,
-                       "scrape_timeout": "%dms" % (SCRAPE_TIMEOUT_S * 1000)},
-            "rule_files": [str(short_rules(self.workdir / "rules.yml"))],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": ["127.0.0.1:%d" % self.alertmanager.port]}]}]},
-            "scrape_configs": [{"job_name": "cleanslate_gpu_engine", "static_configs": [
-                {"targets": [f"{self.address(host)}:8000"], "labels": {"host": host}} for host in HOSTS]}],
-        }
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115  # the process's own output, kept open with it
-        self.prometheus = subprocess.Popen(  # pylint: disable=consider-using-with
-            [shutil.which("prometheus"), f"--config.file={self.workdir / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.workdir / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.prometheus_port}"],
-            stdout=log, stderr=subprocess.STDOUT)
-        wait_for("Prometheus ready", lambda: "Ready" in get(f"http://127.0.0.1:{self.prometheus_port}/-/ready"), timeout=stretched(60))
+        self.prometheus = Prometheus(self.workdir, [{"job_name": "cleanslate_gpu_engine", "static_configs": [
+            {"targets": [f"{self.address(host)}:8000"], "labels": {"host": host}} for host in HOSTS]}],
+            short_rules(self.workdir / "rules.yml", FOR_S), self.alertmanager.port, SCRAPE_S, SCRAPE_TIMEOUT_S)
+        self.procs.append(self.prometheus)
 
     def stop(self):
-        if getattr(self, "prometheus", None) and self.prometheus.poll() is None:
-            self.prometheus.terminate()
-            self.prometheus.wait(timeout=30)
         for proc in reversed(self.procs):
             proc.stop()
 
     def firing(self, host) -> float:
         """When Prometheus's EngineDown alert of `host` fired (its activeAt plus the copy's `for:` of
         1 s, Prometheus's own clock), 0 while it does not."""
-        found = json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/alerts"))["data"]["alerts"]
+        found = self.prometheus.alerts()
         return next((stamp(a["activeAt"]) + FOR_S for a in found if a["labels"].get("alertname") == "CleanslateGpuEngineDown"
                      and a["labels"].get("host") == host and a["state"] == "firing"), 0)
 
     def up(self, host) -> bool:
-        query = urllib.parse.urlencode({"query": 'up{job="cleanslate_gpu_engine",host="%s"} == 1' % host})
-        return bool(json.loads(get(f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + query))["data"]["result"])
+        return bool(self.prometheus.query('up{job="cleanslate_gpu_engine",host="%s"} == 1' % host))
 
     def completes(self, host) -> bool:
         base = f"http://{self.address(host)}:8000"
