@@ -129,7 +129,8 @@ class Kept(object):
         # The task's PATH, as _xid.read_kernel_log uses it (root's: Ansible's environment).
         env = {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "SYSTEMD_PAGER": ""}
         try:
-            status, out, err, timed_out = run_as_user(argv, b"", pwd.getpwuid(os.geteuid()), env, timeout, self.file_max)
+            status, out, err, timed_out = run_as_user(argv, b"", pwd.getpwuid(os.geteuid()), env, timeout,
+                                                      self.file_max + 1)  # one more: write() sees the cut
         except OSError as exc:
             return None, "%s could not be run (%s)" % (what, exc.strerror or exc)
         if timed_out:

@@ -18,11 +18,11 @@ description:
   - Bounded in time, so that the reset that follows is never delayed by more than O(deadline) seconds; each program
     run (C(journalctl), C(py-spy)) by O(item_timeout). What did not fit is one line in C(summary.json), never a
     failure. Bounded in size, each file cut at O(file_max) bytes and the whole directory at O(dir_max).
-  - Everything kept is untrusted text (the engine's own words): never run or templated, each byte that is not UTF-8
-    written as C(\\xNN), and masked: every secret a kept process's command line carries (C(--api-key K),
+  - Everything kept is untrusted text (the engine's own words), never run or templated, each byte that is not UTF-8
+    written as C(\\xNN), and masked, every secret a kept process's command line carries (C(--api-key K),
     C(HF_TOKEN=K), a bearer token, a URL's password) and every value of O(secrets), in each form a program prints
-    it, is replaced by C(********).
-  - C(py-spy) runs as root, so it must be root's: O(py_spy), its real file and the directories of both owned by root
+    it, replaced by C(********).
+  - C(py-spy) runs as root, so it must be root's, O(py_spy), its real file and the directories of both owned by root
     and writable by no one else. Otherwise, or when it is missing, no stack is kept and C(summary.json) says why in
     one sentence.
   - Nothing is signalled or changed on the host but the new directory. A base directory that is not safe to write
