@@ -113,7 +113,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 directory:
-  description: The run's directory; null in check mode or when nothing could be kept.
+  description: The run's directory; null in check mode, when nothing could be kept, or when no process is about to be
+    signalled (a clean host keeps nothing).
   returned: always
   type: str
   sample: /var/lib/cleanslate-gpu/evidence/20260105T100000Z-vllm.service
@@ -303,6 +304,11 @@ def collect(module, params):
         invocations[unit], group = unit_control(provisional, unit)
         groups.append(group)
     found = targets(params, groups)
+    if not found:
+        # Nothing is about to be signalled (a clean host): there is nothing to explain, so no directory.
+        os.rmdir(provisional.path)
+        result["notes"] = ["no process is about to be signalled: nothing was kept"]
+        return result
     kept = provisional
     kept.mask = Masker(list(params["secrets"]) + [secret for argv in found.values() for secret in argument_secrets(argv)])
     kept.notes = [kept.mask(note) for note in kept.notes]
