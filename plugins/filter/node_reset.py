@@ -342,16 +342,15 @@ def _would(steps: Mapping) -> list:
 
 
 def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=None, failed_result=None,
-                      invalid=None, started=None, unit="", now=None, note=None, units=(), evidence=None):
+                      invalid=None, started=None, unit="", now=None, note=None, units=()):
     """node_reset_result from the registered results of the steps (see docs/node_reset.md).
 
-    `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), units (its loop's
+    `steps` maps pve_reach, deps, nvml_before, evidence (cleanslate.gpu.evidence's), unit (systemd_service's result), units (its loop's
     over `units`, node_reset_units), gpu_reset,
     shm_clean, pycache_purge, nvml_verify and pve_sweep to what each registered ({} for a
     step that did not run). `failed_step` names the step that failed (`validate`: a variable
     was refused, `invalid` lists why), `failed_result` is its result; `read_only` is true in
     check mode and for kind `verify`; `started` is the role's start (seconds since the epoch).
-    `evidence` is cleanslate.gpu.evidence's result (its directory, or null, and what it did not keep).
     `note` says why the host needed no reset (reset_and_serve.yml: its server answers): nothing ran,
     and the host is ok.
     """
@@ -433,7 +432,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         # Every unit this run stopped (node_reset_unit, then node_reset_units), by name.
         "units_stopped": [done["name"] for done in [unit_done] + units_done if done.get("stopped")],
         "seconds_total": round(now - started, 2),
-        "evidence": evidence_result(evidence),
+        "evidence": evidence_result(_step(steps, "evidence")),
         "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in _steps.RESULT_STEPS},
     }
     if note:

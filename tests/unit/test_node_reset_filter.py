@@ -158,7 +158,7 @@ def test_a_reset_that_cleaned_the_node_and_its_report_row():
         "host": "node1", "kind": "reset", "status": "ok", "ok": True, "changed": True, "failed_step": None,
         "error": None, "killed_count": 2, "shm_bytes_freed": 4096, "shm_removed": 1, "bytecode_removed": 0,
         "problems": [], "unit": {}, "seconds_total": 4.26}
-    assert sorted(result["steps"]) == ["gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
+    assert sorted(result["steps"]) == ["evidence", "gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
                                        "shm_before", "shm_clean", "unit"]
     row = host_row("node1", result)
     assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 3.6  # its steps, not seconds_total
