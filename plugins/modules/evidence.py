@@ -91,7 +91,6 @@ options:
     type: list
     elements: str
     default: []
-    no_log: true
 notes:
   - Runs as root (C(become)); C(journalctl) and C(py-spy) are found on the task's C(PATH) and at O(py_spy).
 seealso:
@@ -247,9 +246,8 @@ def keep_xid(kept, params):
     if problem:
         kept.note(problem)
     records = _xid.parse(log)
-    kept.write("xid.txt", "".join("%s %s (%s): %s\n" % (record["code"], record["class"], record["meaning"],
-                                                         record["line"]) for record in records)
-               or "no Xid record in the kernel log (%s)\n" % (source or "not read"))
+    lines = ["%s %s (%s): %s\n" % (record["code"], record["class"], record["meaning"], record["line"]) for record in records]
+    kept.write("xid.txt", "".join(lines) or "no Xid record in the kernel log (%s)\n" % (source or "not read"))
 
 
 def keep_nvml(kept):
