@@ -165,6 +165,20 @@ def test_a_reset_that_cleaned_the_node_and_its_report_row():
     assert row["seconds_per_step"] == {"gpu_reset": 3.2, "nvml_verify": 0.4}
 
 
+def test_evidence_that_could_not_be_kept_is_said_in_the_row_and_the_reset_is_still_ok():
+    """The evidence never holds a reset back, and is never lost silently: a module that failed (here
+    an unwritable base) says why in `not_kept`; one that kept its files names the directory."""
+    failed = {"failed": True, "changed": False, "msg": "the evidence could not be kept in /x: Permission denied"}
+    result = node_reset_result(steps(evidence=failed), "node1")
+    assert result["ok"] and result["status"] == "ok" and result["failed_step"] is None
+    assert host_row("node1", result)["evidence"] == {"directory": None, "not_kept": [failed["msg"]]}
+    kept = {"changed": True, "directory": "/e/20260105T100000Z-vllm.service", "elapsed_s": 0.5,
+            "notes": ["py-spy is not installed at /usr/local/bin/py-spy: no stack was kept"]}
+    row = host_row("node1", node_reset_result(steps(evidence=kept), "node1"))
+    assert row["evidence"] == {"directory": kept["directory"], "not_kept": kept["notes"]}
+    assert row["seconds_per_step"]["evidence"] == 0.5
+
+
 def test_gpus_that_stay_dirty_say_why():
     result = node_reset_result(steps(nvml_verify={"ok": False, "gpus": [GPU_DIRTY], "problems": ["count 1, not 2"]}),
                                "node1")
