@@ -552,7 +552,8 @@ def test_a_real_reset_keeps_the_evidence_named_in_its_report_and_a_clean_host_or
     directory = Path(kept["directory"])
     assert directory.parent == evidence and list(evidence.iterdir()) == [directory], kept
     assert directory.stat().st_mode & 0o777 == 0o700
-    assert "evidence of the failure kept in %s" % directory in proc.stdout
+    # The printed report (one YAML string per line) names it too.
+    assert "Evidence kept on the host before the reset:" in proc.stdout and "- simulated-node: %s" % directory in proc.stdout
     processes = (directory / "processes.txt").read_text()
     assert "%d %s %s --api-key ********\n" % (canary.pid, sys.executable, server) in processes.replace(
         "-c import time; time.sleep(600) ", ""), processes
