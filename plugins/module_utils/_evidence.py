@@ -122,7 +122,8 @@ class Kept(object):
 
     def run(self, argv, what):
         """(stdout bytes or None, problem sentence or ''): argv run as root, bounded by left() and
-        file_max; None with the sentence when it could not run, was cut by time or failed silently."""
+        file_max; the sentence when it could not run, was cut by time or failed (with what it printed
+        before, if anything)."""
         timeout = self.left()
         if timeout <= 0:
             return None, "%s was not run: the evidence deadline of %g s was reached" % (what, self.deadline_s)
@@ -135,8 +136,9 @@ class Kept(object):
             return None, "%s could not be run (%s)" % (what, exc.strerror or exc)
         if timed_out:
             return out or None, "%s was stopped after %.1f s (its time limit)" % (what, timeout)
-        if status != 0 and not out:
-            return None, "%s failed (exit status %s): %s" % (what, status, safe_text(err.strip()[:400]) or "no message")
+        if status != 0:
+            # What it printed before it failed is kept (py-spy prints its header, then fails).
+            return out or None, "%s failed (exit status %s): %s" % (what, status, safe_text(err.strip()[:400]) or "no message")
         return out, ""
 
     def summary(self, extra):

@@ -273,7 +273,9 @@ def keep_stacks(kept, params, found):
                   % (params["py_spy"], refused))
         return
     for pid in sorted(found):
-        out, problem = kept.run([params["py_spy"], "dump", "--pid", str(pid)], "py-spy dump of pid %d" % pid)
+        # Without pausing it: py-spy cannot pause a stopped process (SIGSTOP, a frozen cgroup, a
+        # debugger) to read its threads, and a hung server's state is read, never changed.
+        out, problem = kept.run([params["py_spy"], "dump", "--nonblocking", "--pid", str(pid)], "py-spy dump of pid %d" % pid)
         if problem:
             kept.note(problem)
         if out is not None:

@@ -4,11 +4,14 @@ against it, and what it kept comes back: each file's text, the directory's mode.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 
 
-def hung_server_then_evidence(ns, params, env, secret):
+def hung_server_then_evidence(ns, params, env, secret, stopped=False):
     held = ns.start(argv_extra=["--api-key", secret], key="engine", name="VLLM::EngineCor")
+    if stopped:  # a hung engine as the tests make one: SIGSTOP
+        os.kill(held["engine"]["pid"], signal.SIGSTOP)
     result = ns.module("evidence", dict(params, cmdline_patterns=["--api-key"]), env=env)
     kept = {}
     if result.get("directory"):

