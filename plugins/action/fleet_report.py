@@ -223,6 +223,16 @@ def render_processes(rows: list, read_only: bool) -> list:
     return lines
 
 
+def render_evidence(rows: list) -> list:
+    """Where each host keeps the evidence of its failure, and what it could not keep."""
+    kept = [row for row in rows if (row.get("evidence") or {}).get("directory")]
+    lines = ["", "Evidence kept on the host before the reset:"] if kept else []
+    for row in kept:
+        lines.append("- %s: %s" % (_cell(row.get("host")), _cell(row["evidence"]["directory"])))
+        lines += ["  - not kept: %s" % _cell(note) for note in row["evidence"].get("not_kept") or []]
+    return lines
+
+
 def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bool = False, trigger=None) -> str:
     """The report as a Markdown table, then the hosts that are not ok, one problem per line.
 
@@ -240,6 +250,7 @@ def render_markdown(kind: str, stamp: str, rows: list, columns=(), read_only: bo
         lines += ["  - %s" % problem for problem in problems]
     lines += render_kept(rows)
     lines += render_processes(rows, read_only)
+    lines += render_evidence(rows)
     return "\n".join(lines) + "\n"
 
 

@@ -345,7 +345,7 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
                       invalid=None, started=None, unit="", now=None, note=None, units=()):
     """node_reset_result from the registered results of the steps (see docs/node_reset.md).
 
-    `steps` maps pve_reach, deps, nvml_before, unit (systemd_service's result), units (its loop's
+    `steps` maps pve_reach, deps, nvml_before, evidence (cleanslate.gpu.evidence's), unit (systemd_service's result), units (its loop's
     over `units`, node_reset_units), gpu_reset,
     shm_clean, pycache_purge, nvml_verify and pve_sweep to what each registered ({} for a
     step that did not run). `failed_step` names the step that failed (`validate`: a variable
@@ -432,11 +432,22 @@ def node_reset_result(steps, host, kind="reset", read_only=False, failed_step=No
         # Every unit this run stopped (node_reset_unit, then node_reset_units), by name.
         "units_stopped": [done["name"] for done in [unit_done] + units_done if done.get("stopped")],
         "seconds_total": round(now - started, 2),
+        "evidence": evidence_result(_step(steps, "evidence")),
         "steps": {name: (unit_done if name == "unit" else _step(steps, name)) for name in _steps.RESULT_STEPS},
     }
     if note:
         result["note"] = str(note)
     return result
+
+
+def evidence_result(evidence) -> dict:
+    """The evidence kept before the reset signalled anything: its directory (null when none was
+    kept) and, one sentence each, what was not kept and why."""
+    evidence = evidence if isinstance(evidence, Mapping) else {}
+    not_kept = [str(note) for note in _list(evidence, "notes")]
+    if evidence.get("failed") and evidence.get("msg"):
+        not_kept.append(str(evidence["msg"]))
+    return {"directory": evidence.get("directory") or None, "not_kept": not_kept}
 
 
 def fails_host(ok, status, kind, read_only) -> bool:

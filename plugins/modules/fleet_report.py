@@ -69,7 +69,9 @@ options:
         only by processes the reset stopped, a kept one its holder or shm_clean''s rule), C(stopped) (a real reset: one
         C({pid, name, cmdline, gpus, reason, signal, seconds}) per process it stopped, C(signal) V(SIGTERM) or
         V(SIGKILL), C(cmdline) with its secrets masked by gpu_reset), C(bytecode_removed), C(seconds),
-        C(seconds_per_step), C(problems), and C(failed_step) when a step failed, C(mib_used) in a verify run; for the
+        C(seconds_per_step), C(problems), C(evidence) (C({directory, not_kept}): where the host keeps the evidence taken
+        before the reset signalled anything, null when none was kept, and what was not kept, one sentence each), and
+        C(failed_step) when a step failed, C(mib_used) in a verify run; for the
         instances of a host with several servers, C(gpu_uuids) (UUID by index before the reset) and C(killed_gpus) (the
         GPU indices each killed process held).'
       - 'Each list of processes or leftovers keeps its first 50 entries, and C(stopped_left_out), C(would_stop_left_out),

@@ -80,11 +80,11 @@ BY_MODULE = {step.module: step for step in MODULE_STEPS}
 MODULES = tuple(step.module for step in MODULE_STEPS)
 
 # The role's own phases around the module steps, as node_reset_result.steps names them: the NVML
-# reading and the unit stop before them (prepare.yml), the Proxmox node's sweep after them.
+# reading, the evidence and the unit stop before them (prepare.yml), the Proxmox node's sweep after them.
 # shm_before is reset_steps' own look, before a real reset signals anything: shm_clean in check
 # mode, whose `in_use` names who held each leftover (the report tells a segment removed because the
 # reset stopped its holder from one nobody held).
-BEFORE = ("nvml_before", "unit", "shm_before")
+BEFORE = ("nvml_before", "evidence", "unit", "shm_before")
 AFTER = ("pve_sweep",)
 RESULT_STEPS = BEFORE + MODULES + AFTER
 # The steps whose "the host did not answer" counts, in the order they run (node_reset_result).

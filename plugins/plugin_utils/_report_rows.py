@@ -199,6 +199,10 @@ def host_row(host: str, result, why_not_run: str = NOT_RUN, read_only: bool = Fa
     # a server that answered /health was reset.
     if result.get("note"):
         row["note"] = str(result["note"])
+    # Where the evidence kept before the first signal is on the host (null: none), and what was not kept.
+    evidence = result.get("evidence") if isinstance(result.get("evidence"), Mapping) else {}
+    row["evidence"] = {"directory": evidence.get("directory") or None,
+                       "not_kept": [str(note) for note in evidence.get("not_kept") or []]}
     if read_only:
         row["would_stop"], row["would_stop_left_out"] = bounded(would_stop(steps))
     else:

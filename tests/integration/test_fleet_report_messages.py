@@ -78,8 +78,9 @@ def test_a_skipped_step_has_no_seconds(crashed_node, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
     row, _markdown = _report(tmp_path, "reset")
     assert "pycache_purge" not in row["seconds_per_step"], row
-    # shm_before: shm_clean's look before anything is signalled (which segments a stopped process held).
-    assert set(row["seconds_per_step"]) == {"shm_before", "gpu_reset", "shm_clean", "nvml_verify"}, row
+    # shm_before: shm_clean's look before anything is signalled (which segments a stopped process held);
+    # evidence: what was kept before the first signal.
+    assert set(row["seconds_per_step"]) == {"evidence", "shm_before", "gpu_reset", "shm_clean", "nvml_verify"}, row
     assert row["seconds"] == pytest.approx(sum(row["seconds_per_step"].values()), abs=0.011), row
 
 

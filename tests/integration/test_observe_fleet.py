@@ -134,7 +134,8 @@ def observed(fleet_session, tmp_path_factory):
     state = Observed(fleet, tmp_path_factory.mktemp("observe"))
     # Debian's package, enabled as an operator would, with the systemd collector on; the textfile
     # collector reads Debian's default directory, where the roles write by default.
-    (host.root / "etc/default/prometheus-node-exporter").write_text('ARGS="--collector.systemd"\n')
+    (host.root / "etc/default/prometheus-node-exporter").write_text(
+        'ARGS="--collector.systemd --collector.systemd.enable-restarts-metrics"\n')
     fleet.run(HOST, ["systemctl", "enable", "--now", EXPORTER])
     # Only this module's runs in the directory (another test's verify.yml leaves its file there).
     fleet.run(HOST, ["sh", "-c", f"rm -f {METRICS_DIR}/cleanslate_gpu_*"])
@@ -270,6 +271,17 @@ def test_prometheus_evaluates_the_rules_on_the_real_series(observed):
     low = wait_for("CleanslateGpuAcceptanceLow active", lambda: observed.alerts("CleanslateGpuAcceptanceLow"), timeout=60)
     assert low[0]["labels"]["host"] == HOST and low[0]["state"] in ("pending", "firing")
     assert float(low[0]["value"]) < 0.3
+
+    # A crash loop systemd hides (issue 39, 3): the engine exits 0 once ready, leaving a segment.
+    # Restart=always brings it back each time, the unit's pre-start cleanup removes the segment, and
+    # node_exporter's restart count makes CleanslateGpuCrashLoop active at the second restart.
+    observed.fleet.run(HOST, ["systemctl", "reset-failed", UNIT], check=False)
+    root.joinpath(FAULT_FILE.lstrip("/")).write_text(json.dumps({"fault": "exit_zero_leaking", "load_s": 0.5}))
+    observed.fleet.run(HOST, ["systemctl", "restart", UNIT])
+    fault = time.time()
+    loop = wait_for("CleanslateGpuCrashLoop active", lambda: observed.alerts("CleanslateGpuCrashLoop"), timeout=90)
+    assert loop[0]["labels"]["host"] == HOST and loop[0]["labels"]["unit"] == UNIT, loop
+    print("crash loop: CleanslateGpuCrashLoop active %.1f s after the first exit's start" % (time.time() - fault))
 
     # Crash the engine so that it stays down (each start crashes while loading, until systemd gives up).
     root.joinpath(FAULT_FILE.lstrip("/")).write_text(json.dumps({"fault": "crash_during_load"}))

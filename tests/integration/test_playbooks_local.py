@@ -601,3 +601,46 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
     assert Path(manifest["site_packages"]["pyc"]).exists()
     assert not config_dir.exists()
+
+
+def test_a_real_reset_keeps_the_evidence_named_in_its_report_and_a_clean_host_or_a_check_keeps_none(
+        crashed_node, tmp_path):
+    """Before the first signal, a real reset keeps the processes it is about to stop (masked), the Xid
+    records and the rest in a 0700 directory of its own, named in the host's row and the output; a
+    check of the dirty node, and a second reset of the now clean node, keep none."""
+    manifest = crashed_node
+    evidence = Path(manifest["root"]) / "evidence"
+    canary_key = "sk-evidence-%d" % os.getpid()
+    server = str(tmp_path / "hung-server")
+    canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", server, "--api-key", canary_key],
+                              stdin=subprocess.DEVNULL)
+    role_vars = node_reset_vars(manifest, node_reset_gpu_reset_cmdline_patterns=[manifest["api_server_pattern"], re.escape(server)])
+    try:
+        proc, rows = _run("reset", {"simulated-node": LOCAL}, role_vars, tmp_path, "--check")
+        assert proc.returncode == 0 and not list(evidence.glob("*")), proc.stdout[-3000:]
+        assert rows["simulated-node"]["evidence"]["directory"] is None
+        proc, rows = _run("reset", {"simulated-node": LOCAL}, role_vars, tmp_path)
+    finally:
+        canary.kill()
+        canary.wait()
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    kept = rows["simulated-node"]["evidence"]
+    directory = Path(kept["directory"])
+    assert directory.parent == evidence and list(evidence.iterdir()) == [directory], kept
+    assert directory.stat().st_mode & 0o777 == 0o700
+    # The printed report (one YAML string per line) names it too.
+    assert "Evidence kept on the host before the reset:" in proc.stdout and "- simulated-node: %s" % directory in proc.stdout
+    processes = (directory / "processes.txt").read_text()
+    assert "%d %s %s --api-key ********\n" % (canary.pid, sys.executable, server) in processes.replace(
+        "-c import time; time.sleep(600) ", ""), processes
+    api = manifest["processes"]["api_server"][0]["pid"]
+    assert "\n%d " % api in "\n" + processes, processes
+    assert (directory / "xid.txt").read_text() and (directory / "summary.json").exists()
+    assert all(canary_key not in path.read_text() for path in directory.iterdir())
+    assert canary_key not in proc.stdout + proc.stderr
+
+    proc, rows = _run("reset", {"simulated-node": LOCAL}, role_vars, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert rows["simulated-node"]["evidence"]["directory"] is None and list(evidence.iterdir()) == [directory]
+    markdown = next(path for path in sorted((tmp_path / "reports").glob("reset-2*.md"))).read_text()
+    assert "Evidence kept on the host before the reset:\n- simulated-node: %s\n" % directory in markdown

@@ -17,6 +17,8 @@ def node_reset_vars(manifest: dict, **overrides) -> dict:
         "node_reset_pycache_purge_paths": [manifest["site_packages"]["path"]],
         "node_reset_pycache_purge_python": manifest["python"],
         "node_reset_nvml_verify_expected_count": manifest["gpu_count"],
+        # The evidence of a reset is kept under the node's root, never in the machine's /var/lib.
+        "node_reset_evidence_path": manifest["root"] + "/evidence",
     }
     values.update(overrides)
     return values

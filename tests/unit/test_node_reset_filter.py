@@ -158,11 +158,25 @@ def test_a_reset_that_cleaned_the_node_and_its_report_row():
         "host": "node1", "kind": "reset", "status": "ok", "ok": True, "changed": True, "failed_step": None,
         "error": None, "killed_count": 2, "shm_bytes_freed": 4096, "shm_removed": 1, "bytecode_removed": 0,
         "problems": [], "unit": {}, "seconds_total": 4.26}
-    assert sorted(result["steps"]) == ["gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
+    assert sorted(result["steps"]) == ["evidence", "gpu_reset", "nvml_before", "nvml_verify", "pve_sweep", "pycache_purge",
                                        "shm_before", "shm_clean", "unit"]
     row = host_row("node1", result)
     assert row["mib_freed"] == 80000 and row["killed"] == 2 and row["seconds"] == 3.6  # its steps, not seconds_total
     assert row["seconds_per_step"] == {"gpu_reset": 3.2, "nvml_verify": 0.4}
+
+
+def test_evidence_that_could_not_be_kept_is_said_in_the_row_and_the_reset_is_still_ok():
+    """The evidence never holds a reset back, and is never lost silently: a module that failed (here
+    an unwritable base) says why in `not_kept`; one that kept its files names the directory."""
+    failed = {"failed": True, "changed": False, "msg": "the evidence could not be kept in /x: Permission denied"}
+    result = node_reset_result(steps(evidence=failed), "node1")
+    assert result["ok"] and result["status"] == "ok" and result["failed_step"] is None
+    assert host_row("node1", result)["evidence"] == {"directory": None, "not_kept": [failed["msg"]]}
+    kept = {"changed": True, "directory": "/e/20260105T100000Z-vllm.service", "elapsed_s": 0.5,
+            "notes": ["py-spy is not installed at /usr/local/bin/py-spy: no stack was kept"]}
+    row = host_row("node1", node_reset_result(steps(evidence=kept), "node1"))
+    assert row["evidence"] == {"directory": kept["directory"], "not_kept": kept["notes"]}
+    assert row["seconds_per_step"]["evidence"] == 0.5
 
 
 def test_gpus_that_stay_dirty_say_why():
