@@ -59,7 +59,8 @@ XID_TABLE = {
     119: (NEEDS_REBOOT, "GSP_RPC_TIMEOUT", "the GPU System Processor did not answer in time"),
     120: (NEEDS_REBOOT, "GSP_ERROR", "error in the GPU System Processor"),
     140: (NEEDS_REBOOT, "UNRECOVERABLE_ECC_ERROR_ESCAPE", "unrecovered ECC error"),
-    # XID_154: the line names the action for another Xid; read as the worst it can name (not per line yet).
+    # XID_154: the line names the action for another Xid (recovery_action() reads it); this row is for a
+    # line whose action cannot be read: the worst it can name.
     154: (NEEDS_REBOOT, "GPU_RECOVERY_ACTION_CHANGED", "the driver asks for a GPU reset or a node reboot"),
     64: (NEEDS_SERVICE, "INFOROM_DRAM_RETIREMENT_FAILURE", "a memory row could not be remapped: the GPU needs service"),
 }
@@ -71,11 +72,32 @@ OUTPUT_MAX = 8 * 1024 * 1024  # bytes of the kernel log read
 _XID = re.compile(rb"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{1,8}):([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.[0-7])?\):"
                   rb" ?([0-9]{1,6})\b")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Xid 154's text, after CATALOG's row: `GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset
+# Required)`; the action is the last `to` (greedy `.*`), with or without its number and parentheses.
+_RECOVERY = re.compile(rb"recovery action changed from .* to (?:0x[0-9a-fA-F]{1,8} ?)?\(?([A-Za-z0-9 ]{1,40}?)\)?\s*$",
+                       re.IGNORECASE)
+# The actions CATALOG names (NVML_GPU_RECOVERY_ACTION_*, MEMORY_ERRORS' "Recovery action flag"): None and
+# Drain P2P (end the GPU's processes, then the driver names one of the others) are cleared by stopping
+# the processes; Drain and Reset and GPU Reset Required need `nvidia-smi -r`, Node Reboot Required a reboot.
+_RECOVERY_ACTIONS = {
+    b"none": (RESTART_APP, "the driver asks for no recovery action"),
+    b"drain p2p": (RESTART_APP, "the driver asks to end the GPU's peer-to-peer processes"),
+    b"drain and reset": (NEEDS_REBOOT, "the driver asks to drain the GPU and reset it"),
+    b"gpu reset required": (NEEDS_REBOOT, "the driver asks for a GPU reset"),
+    b"node reboot required": (NEEDS_REBOOT, "the driver asks for a node reboot"),
+}
 
 
 def classify(code):
     """(class, mnemonic, meaning) of an Xid code; unknown codes are UNKNOWN."""
     return XID_TABLE.get(code, (UNKNOWN, None, "not in the collection's table (%s)" % CATALOG))
+
+
+def recovery_action(raw):
+    """(class, meaning) of an Xid 154 line (bytes) from the action it names; None when it names none
+    of CATALOG's (the table's row, the worst, applies)."""
+    match = _RECOVERY.search(raw)
+    return _RECOVERY_ACTIONS.get(match.group(1).strip().lower()) if match else None
 
 
 def shown(raw):
@@ -102,6 +124,8 @@ def parse(log):
             continue
         code = int(match.group(4))
         cls, mnemonic, meaning = classify(code)
+        if code == 154:
+            cls, meaning = recovery_action(raw) or (cls, meaning)
         bus = b"%s:%s:%s" % match.groups()[:3]
         records.append({"bus": bus_key(bus.decode("ascii")), "code": code, "class": cls,
                         "mnemonic": mnemonic, "meaning": meaning, "line": shown(raw.strip())})

@@ -567,6 +567,42 @@ def test_a_gpu_whose_xid_needs_a_reboot_or_service_is_reported_with_its_line_and
     assert not ran.exists()
 
 
+def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs_a_reboot(crashed_node, tmp_path):
+    """reset_and_serve.yml's look reads the kernel log before it decides (issue 39): GPU 0 fell off the
+    bus (79) and the driver's 154 asks for a GPU reset. The crashed server would be reset, but a reset
+    cannot help: no process is signalled, no leftover removed, no unit written; the row is needs_reboot
+    with GPU 0's Xid line and the host fails, as when node_reset's own final check finds it."""
+    manifest = crashed_node
+    every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
+    config_dir = tmp_path / "etc"
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"\n".join([
+        _xid_line(manifest, 1, 13, b"pid=4242, name=python3, Graphics SM Warp Exception"),
+        _xid_line(manifest, 0, 79, b"pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
+        _xid_line(manifest, 0, 154, b"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
+    ]) + b"\n")
+    # The engine is never started: an executable that would fail if it were.
+    executable = tmp_path / "vllm"
+    executable.write_text("#!/bin/sh\nexit 1\n")
+    executable.chmod(0o755)
+    proc, rows = _run("reset_and_serve", {"simulated-node": LOCAL}, node_reset_vars(
+        manifest, node_reset_nvml_verify_xid_log_path=str(log), inference_service_model="m",
+        inference_service_executable=str(executable),
+        inference_service_engine_version="0.33.0", inference_service_unit="cleanslate-xid-test.service",
+        inference_service_config_dir=str(config_dir)), tmp_path)
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    row = rows["simulated-node"]
+    assert row["status"] == "needs_reboot" and row["killed"] == 0, (row["status"], row["problems"])
+    gpu0 = [problem for problem in row["problems"] if problem.startswith("GPU 0 (")]
+    assert any("needs_reboot: Xid 79" in problem and "fallen off the bus" in problem for problem in gpu0), gpu0
+    assert any("needs_reboot: Xid 154" in problem and "GPU Reset Required" in problem for problem in gpu0), gpu0
+    assert not [problem for problem in row["problems"] if problem.startswith("GPU 1 (")], row["problems"]
+    assert all(procinfo.alive(pid) for pid in every_pid), "a reset cannot help: nothing is signalled"
+    assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
+    assert Path(manifest["site_packages"]["pyc"]).exists()
+    assert not config_dir.exists()
+
+
 def test_a_real_reset_keeps_the_evidence_named_in_its_report_and_a_clean_host_or_a_check_keeps_none(
         crashed_node, tmp_path):
     """Before the first signal, a real reset keeps the processes it is about to stop (masked), the Xid

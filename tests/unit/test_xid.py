@@ -87,3 +87,32 @@ def test_a_missing_log_file_is_one_sentence(tmp_path):
 def test_the_host_log_is_read_without_error_or_said_why():
     text, source, problem = _xid.read_kernel_log("-1min", 5)
     assert (problem is None and source in ("journalctl", "dmesg")) or (source is None and "cannot be read" in problem)
+
+
+# NVIDIA's catalog, row 154: "Xid 154 GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)".
+@pytest.mark.parametrize("text, cls", [
+    (b"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)", "needs_reboot"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)", "needs_reboot"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)", "needs_reboot"),
+    (b"GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)", "restart_app"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)", "restart_app"),
+    (b"GPU recovery action changed from None to Node Reboot Required", "needs_reboot"),
+    (b"gpu recovery action changed from 0x2 (node reboot required) to 0x0 (NONE)  \r", "restart_app"),
+    # What the driver never writes keeps the row's worst: an unknown action, a cut line, a lookalike.
+    (b"GPU recovery action changed from 0x0 (None) to 0x9 (Something New)", "needs_reboot"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Requ", "needs_reboot"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x0 (None) extra", "needs_reboot"),
+    (b"to 0x0 (None)", "needs_reboot"),
+    (b"GPU recovery action changed from 0x0 (None) to 0x0 (None\xff)", "needs_reboot"),
+])
+def test_xid_154_is_classified_by_the_action_its_line_names(text, cls):
+    records = _xid.parse(b"NVRM: Xid (PCI:0000:18:00): 154, " + text + b"\n")
+    assert [(r["code"], r["class"]) for r in records] == [(154, cls)]
+    assert records[0]["meaning"]
+
+
+def test_a_154_saying_none_does_not_hide_the_xid_79_before_it():
+    log = (b"NVRM: Xid (PCI:0000:18:00): 79, GPU has fallen off the bus.\n"
+           b"NVRM: Xid (PCI:0000:18:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)\n")
+    found, dummy = _xid.records_by_gpu(_xid.parse(log), GPUS)
+    assert _xid.worst(found[0]) == "needs_reboot"
