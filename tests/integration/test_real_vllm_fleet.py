@@ -374,7 +374,7 @@ class Busy:
 
     def __init__(self, real, clients=3):
         self.real, self.answered, self.stopping = real, 0, threading.Event()
-        self.threads = [threading.Thread(target=self._client, daemon=True) for _ in range(clients)]
+        self.threads = [threading.Thread(target=self._client, daemon=True) for dummy in range(clients)]
         for thread in self.threads:
             thread.start()
 
