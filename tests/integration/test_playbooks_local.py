@@ -581,6 +581,7 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
         _xid_line(manifest, 0, 79, b"pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
         _xid_line(manifest, 0, 154, b"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
     ]) + b"\n")
+    (tmp_path / "metrics").mkdir()
     # The engine is never started: an executable that would fail if it were.
     executable = tmp_path / "vllm"
     executable.write_text("#!/bin/sh\nexit 1\n")
@@ -589,8 +590,12 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
         manifest, node_reset_nvml_verify_xid_log_path=str(log), inference_service_model="m",
         inference_service_executable=str(executable),
         inference_service_engine_version="0.33.0", inference_service_unit="cleanslate-xid-test.service",
-        inference_service_config_dir=str(config_dir)), tmp_path)
+        inference_service_config_dir=str(config_dir), node_reset_metrics_dir=str(tmp_path / "metrics")), tmp_path)
     assert proc.returncode == 2, proc.stdout[-3000:]
+    # The metric CleanslateGpuNeedsReboot fires on (code: the newest of the worst class), written though nothing was reset.
+    metrics = (tmp_path / "metrics" / "cleanslate_gpu_node_reset.prom").read_text()
+    assert re.search(r'^cleanslate_gpu_reset_gpu_xid_action\{[^}]*action="needs_reboot"[^}]*code="154"[^}]*\} 1$',
+                     metrics, re.M), metrics
     row = rows["simulated-node"]
     assert row["status"] == "needs_reboot" and row["killed"] == 0, (row["status"], row["problems"])
     gpu0 = [problem for problem in row["problems"] if problem.startswith("GPU 0 (")]
