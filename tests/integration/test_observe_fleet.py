@@ -22,6 +22,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.fake_nvml import FakeNvml
 from tests.integration.conftest import REPO
 from tests.integration.fleet import engines
 from tests.integration.test_inference_service_fleet import FAULT_FILE, UNIT, base_vars
@@ -290,5 +291,23 @@ def test_prometheus_evaluates_the_rules_on_the_real_series(observed):
     assert down[0]["labels"]["host"] == HOST and down[0]["state"] in ("pending", "firing")
     unit = wait_for("CleanslateGpuServerDown active", lambda: observed.alerts("CleanslateGpuServerDown"), timeout=90)
     assert unit[0]["labels"]["host"] == HOST and unit[0]["labels"]["unit"] == UNIT
+    # A broken GPU (issue 39, 2): the kernel log (fed through node_reset_nvml_verify_xid_log_path, as
+    # a test host's kernel log cannot be written) says GPU 1 fell off the bus. The reset ends
+    # needs_reboot, and its metric makes CleanslateGpuNeedsReboot fire (no `for:`) with the GPU and code.
+    bus = FakeNvml(root / engines.NVML_STATE.lstrip("/")).gpus()[1]["pci_bus_id"].split(".")[0].lower()
+    # Written from inside: the host's /tmp is a tmpfs of its own.
+    observed.fleet.run(HOST, ["sh", "-c", "cat > /tmp/kern.log"], input="kernel: NVRM: Xid (PCI:%s): 79, "
+                       "pid=<unknown>, name=<unknown>, GPU has fallen off the bus.\n" % bus)
+    logged = time.time()
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(observed.fleet.inventory), "-l", HOST,
+                           "-e", f"fleet_report_path={observed.workdir / 'reports'}",
+                           "-e", "node_reset_nvml_verify_xid_log_path=/tmp/kern.log"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 2 and "needs_reboot" in proc.stdout, proc.stdout[-4000:]
+    broken = wait_for("CleanslateGpuNeedsReboot firing", lambda: [
+        alert for alert in observed.alerts("CleanslateGpuNeedsReboot") if alert["state"] == "firing"], timeout=60)
+    assert broken[0]["labels"]["host"] == HOST and broken[0]["labels"]["gpu"] == "1" and broken[0]["labels"]["code"] == "79"
+    print("broken GPU: CleanslateGpuNeedsReboot firing %.1f s after the Xid was logged (the reset run included)"
+          % (time.time() - logged))
     # The files stay readable all along.
     assert observed.query("node_textfile_scrape_error == 0")
