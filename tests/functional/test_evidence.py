@@ -77,13 +77,17 @@ def test_a_stopped_processs_stack_is_kept_too(tmp_path, py_spy):
     assert "become" in stack and "Thread" in stack, out["result"]["notes"]
 
 
+def fake_py_spy(tmp_path, script: str) -> str:
+    """A py-spy of the test's (a shell script), root's, where the module may run it."""
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "py-spy"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    return str(fake)
+
+
 def test_a_py_spy_that_hangs_is_cut_at_its_time_limit_and_the_rest_is_kept(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    hanging = bin_dir / "py-spy"
-    hanging.write_text("#!/bin/sh\nexec sleep 600\n")
-    hanging.chmod(0o755)
-    out = collect(tmp_path, py_spy=str(hanging), item_timeout=1, deadline=20)
+    out = collect(tmp_path, py_spy=fake_py_spy(tmp_path, "exec sleep 600\n"), item_timeout=1, deadline=20)
     result = out["result"]
     assert result["rc"] == 0, result
     assert "py-spy dump of pid %d was stopped after 1.0 s (its time limit)" % out["pid"] in result["notes"]
@@ -91,12 +95,8 @@ def test_a_py_spy_that_hangs_is_cut_at_its_time_limit_and_the_rest_is_kept(tmp_p
 
 
 def test_a_py_spy_that_fails_after_its_header_is_said_and_what_it_printed_is_kept(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    failing = bin_dir / "py-spy"
-    failing.write_text("#!/bin/sh\necho 'Process 2: python'\necho 'Error: Failed to get stack traces' >&2\nexit 1\n")
-    failing.chmod(0o755)
-    out = collect(tmp_path, py_spy=str(failing))
+    out = collect(tmp_path, py_spy=fake_py_spy(
+        tmp_path, "echo 'Process 2: python'\necho 'Error: Failed to get stack traces' >&2\nexit 1\n"))
     assert out["kept"]["stack-%d.txt" % out["pid"]] == "Process 2: python\n"
     assert ("py-spy dump of pid %d failed (exit status 1): Error: Failed to get stack traces" % out["pid"]
             in out["result"]["notes"]), out["result"]["notes"]
