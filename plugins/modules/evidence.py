@@ -54,6 +54,12 @@ options:
     type: list
     elements: str
     default: []
+  spare_units:
+    description: The units of healthy neighbours, as M(cleanslate.gpu.gpu_reset)'s option of that name; their processes
+      are never kept, even when a pattern matches them.
+    type: list
+    elements: str
+    default: []
   stacks:
     description: Dump the Python stacks of every kept process with C(py-spy dump) (for a hung server).
     type: bool
@@ -168,6 +174,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path", default="/var/lib/cleanslate-gpu/evidence"),
     units=dict(type="list", elements="str", default=[]),
     cmdline_patterns=dict(type="list", elements="str", default=[]),
+    spare_units=dict(type="list", elements="str", default=[]),
     stacks=dict(type="bool", default=False),
     py_spy=dict(type="path", default="/usr/local/bin/py-spy"),
     journal_lines=dict(type="int", default=2000),
@@ -214,16 +221,21 @@ def unit_control(kept, unit):
 
 
 def targets(params, groups):
-    """{pid: argv} of the processes about to be signalled: in a unit's control group, or matching a pattern."""
+    """{pid: argv} of the processes about to be signalled: in a unit's control group, or matching a
+    pattern, and not in a unit of spare_units (a neighbour that keeps serving: gpu_reset's rule, the
+    unit's name a component of the process's cgroup path)."""
     patterns = [re.compile(pattern) for pattern in params["cmdline_patterns"]]
+    spared = set(params["spare_units"])
     found, mine = {}, set(_procs.ancestors(os.getpid()))
     for pid, info in _procs.process_table(with_cmdline=True).items():
         if pid in mine or _procs.is_kernel_thread(info) or not info["cmdline"]:
             continue
-        cgroups = {_procs.kernel_path(line.split(":", 2)[-1]) for line in _procs.read_cgroup(pid).splitlines()}
+        text = _procs.read_cgroup(pid)
+        if spared & _procs.cgroup_components(text):
+            continue
+        cgroups = {_procs.kernel_path(line.split(":", 2)[-1]) for line in text.splitlines()}
         in_unit = any(group and (path == group or path.startswith(group + "/")) for group in groups for path in cgroups)
-        line = " ".join(info["cmdline"])
-        if in_unit or any(pattern.search(line) for pattern in patterns):
+        if in_unit or any(pattern.search(" ".join(info["cmdline"])) for pattern in patterns):
             found[pid] = info["cmdline"]
     return found
 
