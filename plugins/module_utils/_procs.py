@@ -326,6 +326,21 @@ def descendants(roots, index, stop):
     return found
 
 
+# Never stopped, whatever holds a GPU (gpu_reset), and never taken for a failed server's (evidence):
+# the driver's daemons, monitoring, MPS, the display server.
+DEFAULT_PROTECT_NAMES = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvlsm",
+                         "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland"]
+
+
+def executable_name(pid, proc=PROC):
+    """The base name of the process's executable ('' if unknown), read with readlink: the kernel's
+    own, kept when a daemon renames its comm and rewrites its argv[0]."""
+    try:
+        return os.path.basename(kernel_path(os.readlink("%s/%d/exe" % (proc, pid))))
+    except OSError:
+        return ""
+
+
 def name_is_protected(names, comm, protect):
     """True if any of a process's names is in protect.
 

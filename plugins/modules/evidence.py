@@ -54,6 +54,13 @@ options:
     type: list
     elements: str
     default: []
+  protect_names:
+    description: Process names never taken for the failed server's, in addition to M(cleanslate.gpu.gpu_reset)'s
+      default list, as that module's option of that name (a GPU monitor a pattern also matches is not signalled, so
+      not kept).
+    type: list
+    elements: str
+    default: []
   spare_units:
     description: The units of healthy neighbours, as M(cleanslate.gpu.gpu_reset)'s option of that name; their processes
       are never kept, even when a pattern matches them.
@@ -174,6 +181,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path", default="/var/lib/cleanslate-gpu/evidence"),
     units=dict(type="list", elements="str", default=[]),
     cmdline_patterns=dict(type="list", elements="str", default=[]),
+    protect_names=dict(type="list", elements="str", default=[]),
     spare_units=dict(type="list", elements="str", default=[]),
     stacks=dict(type="bool", default=False),
     py_spy=dict(type="path", default="/usr/local/bin/py-spy"),
@@ -222,13 +230,17 @@ def unit_control(kept, unit):
 
 def targets(params, groups):
     """{pid: argv} of the processes about to be signalled: in a unit's control group, or matching a
-    pattern, and not in a unit of spare_units (a neighbour that keeps serving: gpu_reset's rule, the
-    unit's name a component of the process's cgroup path)."""
+    pattern, and neither protected nor in a unit of spare_units (a neighbour that keeps serving):
+    gpu_reset's rules, which never signal those."""
     patterns = [re.compile(pattern) for pattern in params["cmdline_patterns"]]
     spared = set(params["spare_units"])
+    protect = set(_procs.DEFAULT_PROTECT_NAMES).union(params["protect_names"])
     found, mine = {}, set(_procs.ancestors(os.getpid()))
     for pid, info in _procs.process_table(with_cmdline=True).items():
         if pid in mine or _procs.is_kernel_thread(info) or not info["cmdline"]:
+            continue
+        names = [info["comm"], _procs.executable_name(pid), info["cmdline"][0].rsplit("/", 1)[-1]]
+        if _procs.name_is_protected(names, info["comm"], protect):
             continue
         text = _procs.read_cgroup(pid)
         if spared & _procs.cgroup_components(text):

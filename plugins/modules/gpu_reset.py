@@ -451,6 +451,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs
+from ansible_collections.cleanslate.gpu.plugins.module_utils._procs import DEFAULT_PROTECT_NAMES, executable_name
 from ansible_collections.cleanslate.gpu.plugins.module_utils._checks import InputProblem, fail_on_problems, is_unit_name
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import problem as range_problem
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import masked_command_line
@@ -466,8 +467,6 @@ else:
     PSUTIL_IMPORT_ERROR = None
 
 DEFAULT_DEVICE_PATHS = ["/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm*", "/dev/nvidia-caps/*"]
-DEFAULT_PROTECT_NAMES = ["nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nv-fabricmanager", "nvlsm",
-                         "nvidia-cuda-mps-control", "nvidia-cuda-mps-server", "Xorg", "Xwayland"]
 
 # /dev/nvidia3 -> GPU 3; any NVIDIA device file, wherever a container mounts it.
 GPU_DEVICE = re.compile(r"(?:^|/)nvidia(\d+)$")
@@ -857,15 +856,6 @@ def process_name(pid):
     try:
         return psutil.Process(pid).name()
     except psutil.Error:
-        return ""
-
-
-def executable_name(pid):
-    """The base name of the process's executable ('' if unknown), read with readlink: the kernel's
-    own, kept when a daemon renames its comm and rewrites its argv[0]."""
-    try:
-        return os.path.basename(_procs.kernel_path(os.readlink("%s/%d/exe" % (_procs.PROC, pid))))
-    except OSError:
         return ""
 
 

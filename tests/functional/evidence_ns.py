@@ -8,8 +8,8 @@ import signal
 import stat
 
 
-def hung_server_then_evidence(ns, params, env, secret, stopped=False):
-    held = ns.start(argv_extra=["--api-key", secret], key="engine", name="VLLM::EngineCor")
+def hung_server_then_evidence(ns, params, env, secret, stopped=False, name="VLLM::EngineCor"):
+    held = ns.start(argv_extra=["--api-key", secret], key="engine", name=name)
     if stopped:  # a hung engine as the tests make one: SIGSTOP
         os.kill(held["engine"]["pid"], signal.SIGSTOP)
     result = ns.module("evidence", dict(params, cmdline_patterns=["--api-key"]), env=env)

@@ -47,12 +47,12 @@ def py_spy(tmp_path_factory):
     return str(target)
 
 
-def collect(tmp_path, journal=(), stopped=False, **params):
+def collect(tmp_path, journal=(), stopped=False, name="VLLM::EngineCor", **params):
     systemd = FakeSystemd(tmp_path / "systemd", [unit()], journal=journal)
     (tmp_path / "kern.log").write_bytes(b"")
     params = dict({"path": str(tmp_path / "evidence"), "units": ["vllm.service"], "stacks": True,
                    "xid_log_path": str(tmp_path / "kern.log")}, **params)
-    return pidns.run_in_pidns(SCENARIO, params=params, env=systemd.env, secret=SECRET, stopped=stopped)
+    return pidns.run_in_pidns(SCENARIO, params=params, env=systemd.env, secret=SECRET, stopped=stopped, name=name)
 
 
 def test_a_hung_servers_stack_is_kept_masked_in_a_private_directory(tmp_path, py_spy):
@@ -75,6 +75,14 @@ def test_a_stopped_processs_stack_is_kept_too(tmp_path, py_spy):
     out = collect(tmp_path, py_spy=py_spy, stopped=True)
     stack = out["kept"].get("stack-%d.txt" % out["pid"], "")
     assert "become" in stack and "Thread" in stack, out["result"]["notes"]
+
+
+def test_a_protected_process_a_pattern_matches_is_not_kept(tmp_path):
+    """gpu_reset never signals a GPU monitor (its default protected names, and protect_names): on
+    metal, a second reset kept the protected monitor's command line and reported changed."""
+    for name, params in (("nv-hostengine", {}), ("gpu-watch", {"protect_names": ["gpu-watch"]})):
+        out = collect(tmp_path / name, name=name, **params)
+        assert out["result"]["directory"] is None and out["result"]["pids"] == [], out["result"]
 
 
 def fake_py_spy(tmp_path, script: str) -> str:
