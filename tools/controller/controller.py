@@ -34,16 +34,18 @@ BUILD = REPO / "build" / "controller"
 SCRIPT = Path(__file__).with_name("image.sh")
 # The newest patch release of each minor release.
 CORES = {"2.20": "2.20.10", "2.21": "2.21.5"}
-# What the controller needs beside it, pinned as in requirements.txt and requirements-test.txt:
-# the project's controller requirements (psutil and nvidia-ml-py too: the simulated node's modules
-# run on the controller's Python, as `ansible_playbook_python`), the current ansible-lint.
-CONTROLLER_NEEDS = ("psutil", "nvidia-ml-py", "jmespath", "paramiko", "ansible-lint")
+# What the controller needs beside it, pinned as in requirements.txt, requirements-test.txt and
+# constraints.txt: the project's controller requirements (psutil and nvidia-ml-py too: the simulated
+# node's modules run on the controller's Python, as `ansible_playbook_python`), the current
+# ansible-lint, and ansible-core's cryptography (left to the index, cryptography 51 came and every
+# ansible-doc printed its DSA deprecation warning).
+CONTROLLER_NEEDS = ("psutil", "nvidia-ml-py", "jmespath", "paramiko", "ansible-lint", "cryptography")
 
 
 def _pins() -> dict:
-    """{name: 'name==version'} of the project's requirements files."""
+    """{name: 'name==version'} of the project's requirements and constraints files."""
     pins = {}
-    for name in ("requirements.txt", "requirements-test.txt"):
+    for name in ("constraints.txt", "requirements.txt", "requirements-test.txt"):
         for line in (REPO / name).read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if "==" in line:
