@@ -187,6 +187,15 @@ class Host:
             self._proc.kill()
         self.wait_stopped(10)
 
+    def pull_plug(self) -> None:
+        """Every process of the container killed at once (its cgroup), as a power loss; nspawn
+        exits when its container's init is gone."""
+        self._stopping = True
+        self.cgroup.kill()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.wait(timeout=10)
+        self.wait_stopped(10)
+
     def stop(self, timeout: float = 30) -> None:
         """Clean poweroff via SIGTERM to nspawn; cgroup.kill for whatever is left after."""
         self._stopping = True
