@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import secret_values as _secret_values
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _role_spec, _rotation
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_check import engine_problem
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
     CONTROL, SECRET_MIN_CHARS, forms as _forms, inference_service_secret_problems, secret_masker, short_secret_problems)
@@ -81,6 +81,7 @@ def inference_service_problems(values):
     problems += name_problems.values()
     problems += _role_spec.spec_problems(spec(), values, skip=skip + tuple(name_problems))
     problems += short_secret_problems(named) + [holder_sentence(*holder) for holder in holders]
+    problems += _rotation.problems(values.get("inference_service_rotation"), values.get("inference_service_rotation_server"))
     # A sentence shows the value it refuses: never a secret's, wherever it was pasted (a key inside
     # an extra argument list that holds a null is refused as a whole list).
     return mask(problems)

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import (
     _secret_values, inference_service_problems, secret_masker, spec, visible_secret_problems)
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _rotation
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import shown
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import share_addresses, unit_fault
 
@@ -150,7 +151,7 @@ def _instance(index: int, item, single: Mapping, count: int) -> tuple:
 
 
 def _clashes(instances: list) -> list:
-    """Two instances of one host sharing a unit, a port on the same address, or a GPU."""
+    """Two instances of one host sharing a unit, a port on the same address, a GPU, or a balancer's server name."""
     problems = []
     for later, (index, one) in enumerate(instances):
         for other_index, other in instances[:later]:
@@ -163,6 +164,9 @@ def _clashes(instances: list) -> list:
             if shared:
                 problems.append("%s share the GPU %s: a reset of one would kill the other's workers."
                                 % (pair, ", ".join(map(str, shared))))
+            if _rotation.same_server(one, other):
+                problems.append("%s share the balancer's server name %s: each instance behind a balancer needs its own "
+                                "rotation_server." % (pair, one.get("rotation_server") or "(unset: the host's name)"))
     kinds = {one["gpu_kind"] for dummy, one in instances if one["gpu_kind"]}
     if len(kinds) > 1:
         problems.append("%s mixes GPU indices and UUIDs in CUDA_VISIBLE_DEVICES across instances: an index and a UUID "

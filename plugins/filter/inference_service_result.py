@@ -43,7 +43,17 @@ def _summary(registered: Mapping, host, engine, unit, files_changed, warnings) -
         "command_line": args.get("command_line") or "", "argv": list(args.get("argv") or []),
         "changed": bool(files_changed) or restarted, "restarted": restarted,
         "warnings": list(args.get("warnings") or []) + list(warnings or []),
+        "rotation": _rotation(_mapping(registered.get("rotation"))),
     }
+
+
+def _rotation(rotation: Mapping) -> dict:
+    """What its load balancer did (issue 40): {} when it has none, else its server name, the
+    balancer's host, the transitions as the role's rotation tasks kept them, and `left_out`: taken
+    out by this run and not put back (the gate failed, or a degraded server stays out)."""
+    if not rotation:
+        return {}
+    return dict(rotation, left_out="out" in rotation and "restored" not in rotation)
 
 
 def engine_words(result: Mapping) -> str:
@@ -74,6 +84,12 @@ def _gate(gate: Mapping) -> dict:
         # at a server the run left running.
         "stable_since": gate.get("stable_since"),
     }
+
+
+def _left_out(result: Mapping) -> str:
+    rotation = result["rotation"]
+    return ("left out of rotation: %s on %s is %s until a run serves it and its gate passes"
+            % (rotation.get("server"), rotation.get("host"), _mapping(rotation.get("out")).get("state_after") or "out"))
 
 
 def _would(registered: Mapping) -> str:
@@ -109,11 +125,14 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
     if failed_stage is not None:
         # The gate registers its result even when it fails: a degraded host keeps its measurements.
         result.update(status="degraded" if failed_result.get("status") == "degraded" else "failed", ok=False,
-                      stage=str(failed_stage), reason=str(failed_result.get("msg") or "failed"),
+                      stage=str(failed_stage), reason=str(failed_result.get("msg") or "failed")
+                      + ("; " + _left_out(result) if result["rotation"].get("left_out") else ""),
                       journal=list(failed_result.get("journal") or []),
                       journal_errors=list(failed_result.get("journal_errors") or []))
         return result
     result["ok"] = True
+    if result["rotation"].get("left_out"):
+        result["warnings"].append(_left_out(result))
     if check_mode:
         result["reason"] = "check mode: %s" % _would(registered)
     return result

@@ -502,6 +502,48 @@ SETTINGS = (
                          'With two or more, each sets C(CUDA_VISIBLE_DEVICES) in its C(environment) (GPU indices, read in PCI '
                          'order, or C(GPU-) UUIDs); two instances may not share a GPU, a port or a unit. '
                          'C(reset_and_serve.yml) resets and restarts only the unhealthy instances, on their GPUs alone.',)),
+    Setting('rotation',
+            'dict',
+            default={},
+            suboptions={
+                'balancer': {'type': 'str', 'choices': ['haproxy', 'command', 'http'], 'default': 'haproxy',
+                             'description': ["V(haproxy): HAProxy's runtime API on its admin socket; V(command) or V(http): "
+                                             'a hook called at each transition (M(cleanslate.gpu.lb_rotation)).']},
+                'host': {'type': 'str', 'required': True,
+                         'description': ["The inventory host where the balancer's admin socket or hook is (V(localhost): "
+                                         'the controller); the transitions run there.']},
+                'backend': {'type': 'str', 'description': ['V(haproxy): the backend that holds the server.']},
+                'socket': {'type': 'str', 'default': '/run/haproxy/admin.sock',
+                           'description': ["V(haproxy): the runtime API's unix socket (C(stats socket ... level admin))."]},
+                'drain_timeout_s': {'type': 'int', 'default': 60,
+                                    'description': ['V(haproxy): seconds to wait for the open sessions to end after C(drain) '
+                                                    'before C(maint).']},
+                'command': {'type': 'list', 'elements': 'str',
+                            'description': ['V(command): the hook, an argument list (no shell), run with the transition '
+                                            '(V(out), V(in)) and the server name appended.']},
+                'url': {'type': 'str', 'description': ['V(http): the URL POSTed C({"server", "state", "backend"}) at each '
+                                                       'transition.']},
+                'headers': {'type': 'dict', 'no_log': True, 'description': ['V(http): request headers (a token), never shown.']},
+                'timeout_s': {'type': 'int', 'default': 30,
+                              'description': ['Seconds each call to the balancer may take.']},
+                'marker_dir': {'type': 'str', 'default': '/var/lib/cleanslate-gpu/rotation',
+                               'description': ["On the balancer's host, where a server the collection took out is "
+                                               'recorded until it is put back (only such a server is put back).']}},
+            description=('The load balancer in front of the server (docs/inference_service.md, "Traffic during a reset"); '
+                         'V({}) means none. Before a reset or a restart stops a running server, it is taken out of rotation '
+                         '(HAProxy: drained until its sessions end, then in maintenance); it is put back only after the '
+                         'readiness gate passed. A run that fails leaves it out and says so; the next run that serves it puts '
+                         'it back. A server found out of rotation that no run of the collection took out is left so.',)),
+    Setting('rotation_server',
+            'str',
+            default='',
+            description=("The server's name on the balancer (HAProxy: its C(server) line's name); V('') means the "
+                         'inventory host name. With several instances behind a balancer, each names its own.',)),
+    Setting('rotation_return_degraded',
+            'bool',
+            default=False,
+            description=('Put a server whose gate ended V(degraded) (speculation below the acceptance floor) back into '
+                         'rotation; by default it stays out and the report says so.',)),
     Setting('metrics',
             'bool',
             default=True,
