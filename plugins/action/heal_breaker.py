@@ -46,6 +46,15 @@ ARGUMENT_SPEC = {
     "quiet_s": {"type": "raw", "default": 3600},
     # None: DEFAULT_METRICS_DIR, written only where it is safe (see metrics_directory).
     "metrics_dir": {"type": "str"},
+    # The fleet's cap (docs/self_healing.md): None for both, no cap.
+    "fleet_max_heals": {"type": "raw"},
+    "fleet_max_percent": {"type": "raw"},
+    # The hosts the percentage is of (heal.yml: the hosts of gpu_nodes).
+    "fleet_size": {"type": "raw"},
+    "fleet_window_s": {"type": "raw", "default": 3600},
+    # state=closed: the fleet's breaker instead of the host's; `unit` closes one server's alone.
+    "fleet": {"type": "bool", "default": False},
+    "unit": {"type": "str"},
 }
 DEFAULT_METRICS_DIR = "/var/lib/prometheus/node-exporter"
 # Characters of the reset's problems kept in the reason (they quote kernel log lines).
@@ -55,12 +64,16 @@ LONGEST_S = 366 * 86400
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # The variable heal.yml and heal_breaker_close.yml give each option from: a sentence names it too.
 VARIABLE_OF = {"path": "heal_state_path", "metrics_dir": "heal_metrics_dir", "max_heals": "heal_max_heals",
-               "window_s": "heal_window_s", "quiet_s": "heal_quiet_s"}
+               "window_s": "heal_window_s", "quiet_s": "heal_quiet_s", "fleet_max_heals": "heal_fleet_max_heals",
+               "fleet_max_percent": "heal_fleet_max_percent", "fleet_size": "heal_fleet_size",
+               "fleet_window_s": "heal_fleet_window_s"}
+# The most hosts a fleet is taken to have (a cap or a size beyond it is a typo).
+LARGEST_FLEET = 100000
 
 
-def _positive(name, value, integer=False, most=LONGEST_S):
+def _positive(name, value, integer=False, most=LONGEST_S, kind=""):
     """`value` as a number within (0, most]; one sentence naming `name` otherwise."""
-    kind = "a whole number" if integer else "a number of seconds"
+    kind = kind or ("a whole number" if integer else "a number of seconds")
     problem = "%s must be %s between 1 and %d, got %s (the playbooks' %s)" % (
         name, kind, most, shown(value), VARIABLE_OF[name])
     if isinstance(value, bool):
@@ -101,9 +114,33 @@ def check_args(args) -> dict:
             limits[name] = _positive(name, args[name], integer, most)
         except AnsibleActionFail as exc:
             problems.append(str(exc.message))
+    try:
+        limits["fleet"] = fleet_cap(args)
+    except AnsibleActionFail as exc:
+        problems.append(str(exc.message))
     if problems:
         raise AnsibleActionFail("; ".join(problems))
     return limits
+
+
+def fleet_cap(args) -> dict | None:
+    """{max_hosts, window_s} of the fleet breaker, or None without a cap: the smaller of
+    fleet_max_heals and fleet_max_percent of fleet_size, the percentage rounded down (a share
+    never allows one host more than it says) but at least 1 (a cap that heals nothing is no heal:
+    leave the host out of heal_hosts instead)."""
+    unset = (None, "")
+    most_hosts, most_percent = args.get("fleet_max_heals"), args.get("fleet_max_percent")
+    if most_hosts in unset and most_percent in unset:
+        return None
+    caps = []
+    if most_hosts not in unset:
+        caps.append(int(_positive("fleet_max_heals", most_hosts, True, LARGEST_FLEET)))
+    if most_percent not in unset:
+        percent = _positive("fleet_max_percent", most_percent, most=100, kind="a percentage")
+        size = int(_positive("fleet_size", args.get("fleet_size"), True, LARGEST_FLEET))
+        # Whole hundredths first: 29 % of 100 hosts is 29, where 0.29 * 100 is 28.999999999999996.
+        caps.append(max(1, int(round(percent * 100)) * size // 10000))
+    return {"max_hosts": min(caps), "window_s": _positive("fleet_window_s", args.get("fleet_window_s", 3600))}
 
 
 def reset_problems(task_vars) -> str:
@@ -164,35 +201,23 @@ class ActionModule(ControllerAction):
         refused = target_problem(host, event, fields, configured) if args["state"] == "heal" else ""
         detail = mask(reset_problems(task_vars)) if args["state"] == "open" else ""
         detail = detail if len(detail) <= DETAIL_MAX else detail[:DETAIL_MAX] + "..."
+        # On a host of several servers an alert about one of them counts against that server's
+        # breaker; an alert without a unit, and any alert on a host of one server, the host's.
+        unit = fields["unit"] if len(configured) > 1 and args["state"] == "heal" else ""
+        close_unit = args.get("unit") or "" if args["state"] == "closed" else ""
         result.update(host=host, path=path, trigger=trigger, metrics_written=False, changed=False)
+        if unit:
+            result["unit"] = unit
         if refused:
             result.update(allowed=False, open=False, opened=False, reason=refused)
             return result
         try:
             if self._task.check_mode:
                 # Decided on what the file holds now, and nothing written: nothing counted.
-                state = breaker.load(path)
-                if args["state"] == "closed":
-                    result.update(changed=breaker.close(state, host, now)["changed"], open=False)
-                elif args["state"] == "open":
-                    result.update(breaker.hold_open(state, host, now, args["cause"], detail))
-                else:
-                    result.update(breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
-                                                       limits["quiet_s"], trigger))
-                    result["changed"] = not result.get("answered")
+                self._decide(breaker.load(path), args, limits, now, trigger, unit, close_unit, detail, result)
                 return result
             with breaker.locked(path) as state:
-                if args["state"] == "closed":
-                    decision = breaker.close(state, host, now)
-                    result.update(changed=decision["changed"], was_open=decision["was_open"], open=False)
-                elif args["state"] == "open":
-                    result.update(breaker.hold_open(state, host, now, args["cause"], detail))
-                else:
-                    decision = breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"],
-                                                    limits["quiet_s"], trigger)
-                    # Every request is recorded (a refused one restarts the quiet period), except an
-                    # alert that an earlier heal already answered.
-                    result.update(decision, changed=not decision.get("answered"))
+                self._decide(state, args, limits, now, trigger, unit, close_unit, detail, result)
                 if metrics_warning:
                     display.warning(metrics_warning)
                 if metrics_dir and os.path.isdir(metrics_dir):
@@ -206,6 +231,24 @@ class ActionModule(ControllerAction):
             # Not chained: ansible-core would append the cause's sentence, which ours already holds.
             raise AnsibleActionFail(str(exc)) from None
         if result.get("opened"):
-            # The log line a human alert can fire on (also the metric cleanslate_gpu_heal_breaker_open).
-            display.warning("cleanslate.gpu heal breaker opened: %s" % result["reason"])
+            # The log line a human alert can fire on (also the metrics cleanslate_gpu_heal_breaker_open
+            # and cleanslate_gpu_heal_fleet_breaker_open).
+            display.warning("cleanslate.gpu heal %sbreaker opened: %s"
+                            % ("fleet " if result.get("fleet_open") else "", result["reason"]))
         return result
+
+    @staticmethod
+    def _decide(state, args, limits, now, trigger, unit, close_unit, detail, result):
+        """The decision of args' state on `state`, into `result` (check mode: on a copy not saved)."""
+        host = args["host"]
+        if args["state"] == "closed":
+            decision = breaker.close_fleet(state, now) if args.get("fleet") else breaker.close(state, host, now, close_unit)
+            result.update(changed=decision["changed"], was_open=decision["was_open"], open=False)
+        elif args["state"] == "open":
+            result.update(breaker.hold_open(state, host, now, args["cause"], detail))
+        else:
+            decision = breaker.request_heal(state, host, now, limits["max_heals"], limits["window_s"], limits["quiet_s"],
+                                            trigger, unit, limits["fleet"])
+            # Every request is recorded (a refused one restarts the quiet period), except an
+            # alert that an earlier heal already answered.
+            result.update(decision, changed=not decision.get("answered"))

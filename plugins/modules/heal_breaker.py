@@ -43,6 +43,16 @@ description:
     GPU, which Xid line), read by the action from the host's C(node_reset_result) as stored, never templated; secrets
     of O(secrets) masked, cut to 2000 characters.
   - When the breaker opens, a warning C(cleanslate.gpu heal breaker opened) says why.
+  - On a host of several servers (more than one O(configured_units)), an alert with a C(unit) label counts against that
+    server's own breaker (host and unit), so crashes of one server never stop the heals of another; an alert without a
+    unit counts against the host's breaker. The host's breaker, when open (its count, or O(state=open) for a GPU that
+    needs a reboot), refuses every heal of the host, each unit's included.
+  - With O(fleet_max_heals) or O(fleet_max_percent) set, a heal the host's breaker lets through is then counted by the
+    fleet breaker, in the same state file under the same lock; at most that many hosts healed within O(fleet_window_s)
+    (a host healed again in the window adds no host). The next host opens the fleet breaker; it and every later heal,
+    of any host, is refused and kept in the state's list of hosts held back (host, unit, alert, time), and a warning
+    C(cleanslate.gpu heal fleet breaker opened) says why. The fleet breaker closes only with O(state=closed) and
+    O(fleet=true).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -64,8 +74,9 @@ options:
     required: true
   state:
     description:
-      - V(heal) decides and counts a heal; V(closed) closes the host's breaker and forgets its heals; V(open) opens it
-        at once for O(cause).
+      - V(heal) decides and counts a heal; V(closed) closes the host's breakers (its own and each server's, or only
+        O(unit)'s) and forgets their heals, or with O(fleet=true) the fleet's; V(open) opens the host's at once for
+        O(cause).
     type: str
     choices: [heal, closed, open]
     default: heal
@@ -111,6 +122,30 @@ options:
         it; otherwise no file and a warning, and the heal goes on (Debian's C(prometheus-blackbox-exporter) package
         gives C(/var/lib/prometheus) to its own user). A directory set here that others may write refuses the heal.
     type: str
+  fleet_max_heals:
+    description:
+      - The fleet's cap, hosts healed within O(fleet_window_s); a whole number from 1 to 100000. Not set, and
+        O(fleet_max_percent) not set either, no fleet cap.
+    type: raw
+  fleet_max_percent:
+    description:
+      - The fleet's cap as a percentage of O(fleet_size), from 1 to 100, rounded down to whole hosts (never below 1).
+        With O(fleet_max_heals) too, the smaller cap wins.
+    type: raw
+  fleet_size:
+    description: The hosts O(fleet_max_percent) is a share of; required with it (the heal playbook passes the hosts of C(gpu_nodes)).
+    type: raw
+  fleet_window_s:
+    description: The fleet breaker's window in seconds, from 1 to 366 days.
+    type: raw
+    default: 3600
+  fleet:
+    description: With O(state=closed), close the fleet breaker and forget its heals and the hosts it held back, instead of the host's.
+    type: bool
+    default: false
+  unit:
+    description: With O(state=closed), close only this server's breaker on O(host).
+    type: str
 """
 
 EXAMPLES = r"""
@@ -132,6 +167,24 @@ EXAMPLES = r"""
   delegate_to: localhost
   when: node_reset_result.status in ['needs_reboot', 'needs_service']
 
+- name: Count the heal against the fleet's cap too (at most 2 hosts, or 10 % of the fleet, within an hour)
+  cleanslate.gpu.heal_breaker:
+    host: "{{ inventory_hostname }}"
+    fleet_max_heals: 2
+    fleet_max_percent: 10
+    fleet_size: "{{ groups['gpu_nodes'] | length }}"
+    fleet_window_s: 3600
+  delegate_to: localhost
+  register: heal_breaker_decision
+
+- name: Close the fleet breaker once a human has looked
+  cleanslate.gpu.heal_breaker:
+    host: "{{ inventory_hostname }}"
+    state: closed
+    fleet: true
+  delegate_to: localhost
+  run_once: true
+
 - name: Close the breaker of a host a human fixed
   cleanslate.gpu.heal_breaker:
     host: gpu-node-07
@@ -146,7 +199,7 @@ allowed:
   type: bool
   sample: true
 open:
-  description: Whether the host's breaker is open after this request.
+  description: Whether the breaker that decided (the host's, the server's, or the fleet's) is open after this request.
   returned: success
   type: bool
   sample: false
@@ -182,6 +235,16 @@ answered:
   returned: when an earlier heal answered the alert
   type: bool
   sample: true
+fleet_open:
+  description: True when the fleet breaker refused the heal (the host is held back).
+  returned: when the fleet breaker refused the heal
+  type: bool
+  sample: true
+unit:
+  description: The server whose breaker counted the heal, on a host of several servers.
+  returned: when the alert's unit chose a server's breaker
+  type: str
+  sample: llama.service
 was_open:
   description: Whether the breaker was open before O(state=closed).
   returned: when O(state=closed)

@@ -85,3 +85,15 @@ def test_the_heal_rulebook_never_heals_a_gpu_that_needs_a_reboot_or_service():
     healed = set(re.findall(r"\"(CleanslateGpu\w+)\"", condition))
     assert healed and not healed & xid_alerts, healed & xid_alerts
     assert all((rule.get("labels") or {}).get("cleanslate_heal") != "true" for rule in rules if rule["alert"] in xid_alerts)
+
+
+def test_the_heal_rulebook_never_heals_on_a_breakers_alert():
+    """A breaker's alert says healing stopped for a human: a rulebook that healed on it would undo
+    the breaker (the fleet's cap first of all)."""
+    rules = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
+    breakers = {"CleanslateGpuHealBreakerOpen", "CleanslateGpuHealFleetBreakerOpen"}
+    assert breakers <= set(rules)
+    rulebook = (REPO / "extensions" / "eda" / "rulebooks" / "heal.yml").read_text()
+    (condition,) = [rule["condition"] for ruleset in yaml.safe_load(rulebook) for rule in ruleset["rules"]]
+    assert not breakers & set(re.findall(r"\"(CleanslateGpu\w+)\"", condition))
+    assert all((rules[name].get("labels") or {}).get("cleanslate_heal") != "true" for name in breakers)

@@ -214,7 +214,7 @@ def test_bad_names_and_paths_are_refused_naming_the_option(name, value):
 
 def test_good_options_pass_with_strings_from_jinja():
     assert action.check_args(args(max_heals="2", window_s="90", quiet_s=1.5, metrics_dir="")) == {
-        "max_heals": 2, "window_s": 90.0, "quiet_s": 1.5}
+        "max_heals": 2, "window_s": 90.0, "quiet_s": 1.5, "fleet": None}
 
 
 def test_an_alert_about_another_host_or_unit_is_refused():

@@ -95,7 +95,7 @@ def test_a_heal_in_check_mode_is_decided_but_counts_nothing(tmp_path):
 
 def test_the_options_bounds_are_inclusive():
     limits = action.check_args(args(max_heals="1000", window_s=1, quiet_s=LONGEST_S))
-    assert limits == {"max_heals": 1000, "window_s": 1.0, "quiet_s": float(LONGEST_S)}
+    assert limits == {"max_heals": 1000, "window_s": 1.0, "quiet_s": float(LONGEST_S), "fleet": None}
     for name, value in (("max_heals", 1001), ("window_s", LONGEST_S + 1), ("quiet_s", 0.999)):
         with pytest.raises(AnsibleActionFail, match="^%s must be" % name):
             action.check_args(args(**{name: value}))
