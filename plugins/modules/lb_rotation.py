@@ -273,11 +273,11 @@ class Rotation:
         if problem:
             self.fail("marker_dir: " + problem)
         self.result["taken_out_by_us"] = os.path.lexists(self.marker)
-        if self.params["state"] == "restored" and not self.result["taken_out_by_us"]:
-            if self.params["balancer"] == "haproxy":
-                self.result["state_before"] = self.result["state_after"] = self.haproxy_state()[1]
-            self.done("%s was not taken out by this module: left as it is" % self.name)
         try:
+            if self.params["state"] == "restored" and not self.result["taken_out_by_us"]:
+                if self.params["balancer"] == "haproxy":
+                    self.result["state_before"] = self.result["state_after"] = self.haproxy_state()[1]
+                self.done("%s was not taken out by this module: left as it is" % self.name)
             if self.params["balancer"] == "haproxy":
                 self.haproxy()
             else:

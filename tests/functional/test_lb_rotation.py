@@ -166,6 +166,7 @@ def test_each_failure_is_one_sentence(lb, tmp_path):
     assert "is not a socket" in rotate(lb, tmp_path, "out", socket=str(tmp_path / "file"))["msg"]
     assert rotate(lb, tmp_path, "out", backend="sglang")["msg"] == "HAProxy has no backend sglang"
     assert rotate(lb, tmp_path, "in", server="node9")["msg"] == "HAProxy's backend vllm has no server node9"
+    assert rotate(lb, tmp_path, "restored", backend="sglang")["msg"] == "HAProxy has no backend sglang"
     assert admin(lb) == "ready" and admin(lb, "node2") == "ready"
 
 
