@@ -214,6 +214,8 @@ def input_problems(params):
         problems.append("command must be a list whose first item is the hook program's absolute path")
     if params["balancer"] == "http" and not str(params["url"]).lower().startswith(("http://", "https://")):
         problems.append("url must be an http:// or https:// URL")
+    if not all(isinstance(value, str) for value in params["headers"].values()):
+        problems.append("headers: each value must be a string")
     if not os.path.isabs(params["marker_dir"]):
         problems.append("marker_dir must be an absolute path, got %s" % _shown(params["marker_dir"]))
     return problems

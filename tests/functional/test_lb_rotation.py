@@ -5,6 +5,7 @@ program and POST to a real local HTTP server."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -167,6 +168,11 @@ def test_each_failure_is_one_sentence(lb, tmp_path):
     assert rotate(lb, tmp_path, "out", backend="sglang")["msg"] == "HAProxy has no backend sglang"
     assert rotate(lb, tmp_path, "in", server="node9")["msg"] == "HAProxy's backend vllm has no server node9"
     assert rotate(lb, tmp_path, "restored", backend="sglang")["msg"] == "HAProxy has no backend sglang"
+    with socket.socket(socket.AF_UNIX) as mute:  # accepts connections (its backlog) and never answers
+        mute.bind(str(tmp_path / "mute.sock"))
+        mute.listen(4)
+        late = rotate(lb, tmp_path, "out", socket=str(tmp_path / "mute.sock"), timeout_s=0.5)
+    assert late["msg"] == "HAProxy did not answer `show servers state vllm` on %s within 0.5 s" % (tmp_path / "mute.sock")
     assert admin(lb) == "ready" and admin(lb, "node2") == "ready"
 
 
@@ -198,6 +204,9 @@ def test_the_command_hook_gets_the_transition_and_server_and_its_failure_is_mask
     assert failed["rc"] != 0 and "exited with 3: the balancer refused ******** for in" in failed["msg"], failed
     # Ansible echoes a module's arguments (invocation); what the module itself says never holds the secret.
     assert SECRET not in json.dumps({key: value for key, value in failed.items() if key != "invocation"})
+    (tmp_path / "plain").write_text("")
+    plain = run_module("lb_rotation", dict(base, state="in", command=[str(tmp_path / "plain")]))
+    assert plain["msg"] == "the hook command %s is not executable" % (tmp_path / "plain")
     gone = run_module("lb_rotation", dict(base, state="in", command=[str(tmp_path / "none")]))
     assert gone["msg"] == "the hook command %s does not exist" % (tmp_path / "none")
 
@@ -223,6 +232,7 @@ def test_the_http_hook_posts_the_transition_and_never_shows_its_header(tmp_path)
                   "headers": {"Authorization": "Bearer " + SECRET}}
         done = run_module("lb_rotation", dict(params, state="out"))
         failed = run_module("lb_rotation", dict(params, state="in"))
+        numeric = run_module("lb_rotation", dict(params, state="in", headers={"X-Retries": 3}))
     finally:
         server.shutdown()
         server.server_close()
@@ -231,3 +241,4 @@ def test_the_http_hook_posts_the_transition_and_never_shows_its_header(tmp_path)
                     ({"server": "node1-vllm-a", "state": "in", "backend": "vllm"}, "Bearer " + SECRET)]
     assert failed["rc"] != 0 and failed["msg"].endswith("answered HTTP 500"), failed
     assert SECRET not in json.dumps(done) + json.dumps(failed)
+    assert numeric["rc"] != 0 and numeric["msg"] == "headers: each value must be a string" and len(seen) == 2, numeric
