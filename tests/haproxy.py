@@ -1,7 +1,9 @@
 """Debian's HAProxy in front of test servers, as an operator runs it: one HTTP frontend, one
-backend whose servers are health-checked on /health, redispatch and retries on a refused
-connection, and the runtime API on a unix socket at level admin. Read back through that socket
-(`show stat`), as an operator (or Prometheus's haproxy exporter) would."""
+backend `vllm`, the runtime API on a unix socket at level admin; read back through that socket
+(`show stat`), HAProxy's own account and not the module's reader. With `checks`, the servers are
+health-checked on /health and a refused connection is tried again on another server (retries,
+redispatch), as a production balancer hides a dead server by itself; with `slow_server`, requests
+for /slow all go to that server (so that draining it has a session to wait for)."""
 from __future__ import annotations
 
 import csv
@@ -11,15 +13,17 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 BACKEND = "vllm"
+FRONTEND = "api"
 
 
 def haproxy_binary() -> str:
-    path = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
+    path = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None)
     if not path:
         message = "HAProxy is not installed (Debian's haproxy: tools/install_os_deps.sh test)"
         if os.environ.get("CI"):
@@ -34,36 +38,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def config(socket_path: Path, port: int, servers: dict, check_inter_ms: int = 500) -> str:
+def config(socket_path: str, port: int, servers: dict, checks: bool, slow_server: str | None) -> str:
     """The configuration: `servers` maps each server's name to its address:port."""
     lines = ["global", "    stats socket %s mode 600 level admin" % socket_path, "    stats timeout 30s", "",
-             "defaults", "    mode http", "    timeout connect 2s", "    timeout client 60s", "    timeout server 60s",
-             # A refused connection is tried again, on another server: what a balancer hides by itself.
-             "    retries 3", "    option redispatch", "",
-             "frontend api", "    bind 127.0.0.1:%d" % port, "    default_backend %s" % BACKEND, "",
-             "backend %s" % BACKEND, "    balance roundrobin", "    option httpchk GET /health",
-             "    default-server check inter %dms fall 2 rise 2" % check_inter_ms]
+             "defaults", "    mode http", "    timeout connect 2s", "    timeout client 120s", "    timeout server 120s"]
+    if checks:
+        lines += ["    retries 3", "    option redispatch"]
+    lines += ["", "frontend %s" % FRONTEND, "    bind 127.0.0.1:%d" % port, "    default_backend %s" % BACKEND, "",
+              "backend %s" % BACKEND, "    balance roundrobin"]
+    if checks:
+        lines += ["    option httpchk GET /health", "    default-server check inter 500ms fall 2 rise 2"]
+    if slow_server:
+        lines += ["    use-server %s if { path_beg /slow }" % slow_server]
     lines += ["    server %s %s" % (name, address) for name, address in servers.items()]
     return "\n".join(lines) + "\n"
 
 
 class HAProxy:
-    """HAProxy in the foreground, its configuration and admin socket in `workdir`."""
+    """HAProxy in the foreground, its configuration, log and admin socket in `workdir`."""
 
-    def __init__(self, workdir: Path, servers: dict, check_inter_ms: int = 500):
+    def __init__(self, workdir: Path, servers: dict, checks: bool = True, slow_server: str | None = None):
         binary = haproxy_binary()
-        self.socket = workdir / "admin.sock"
+        self.socket = str(workdir / "admin.sock")
         self.port = free_port()
         self.config = workdir / "haproxy.cfg"
-        self.config.write_text(config(self.socket, self.port, servers, check_inter_ms))
-        self.log = (workdir / "haproxy.log").open("w")
+        self.config.write_text(config(self.socket, self.port, servers, checks, slow_server))
+        self.log_path = workdir / "haproxy.log"
+        self.log = self.log_path.open("w")
         self.proc = subprocess.Popen([binary, "-db", "-f", str(self.config)],  # pylint: disable=consider-using-with
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
-        while not self.socket.exists():
+        while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                pytest.fail("HAProxy did not start: %s" % (workdir / "haproxy.log").read_text()[-2000:])
+                pytest.fail("HAProxy did not start: %s" % self.log_path.read_text()[-2000:])
             time.sleep(0.05)
 
     @property
@@ -71,27 +79,27 @@ class HAProxy:
         return "http://127.0.0.1:%d" % self.port
 
     def command(self, line: str) -> str:
-        """One runtime API command's answer."""
+        """One runtime API command's answer, read to the end."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(10)
-            sock.connect(str(self.socket))
+            sock.connect(self.socket)
             sock.sendall(line.encode() + b"\n")
-            chunks = []
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return b"".join(chunks).decode()
-                chunks.append(chunk)
+            return b"".join(iter(lambda: sock.recv(65536), b"")).decode()
 
-    def stats(self) -> dict:
-        """`show stat` of the backend's servers: {name: {status, scur, ...}}."""
-        text = self.command("show stat").lstrip("# ")
-        return {row["svname"]: row for row in csv.DictReader(io.StringIO(text))
-                if row.get("pxname") == BACKEND and row.get("svname") not in ("FRONTEND", "BACKEND")}
+    def stat(self) -> dict:
+        """`show stat`: {server name: its row} of the backend's servers, and the frontend's row as `fe`."""
+        rows = csv.DictReader(io.StringIO(self.command("show stat").lstrip("# ")))
+        return {("fe" if row["pxname"] == FRONTEND else row["svname"]): row for row in rows
+                if row["pxname"] == FRONTEND or row["svname"] not in ("FRONTEND", "BACKEND")}
 
     def status(self, server: str) -> str:
-        """UP, DOWN, DRAIN, MAINT (HAProxy adds the check's state: `MAINT (via ...)`, `UP 1/2`)."""
-        return self.stats()[server]["status"]
+        """UP, DOWN, DRAIN, MAINT (HAProxy may add the check's progress: `UP 1/2`, `MAINT (via ...)`)."""
+        return self.stat()[server]["status"]
+
+    def get(self, path: str) -> tuple:
+        """(status, body) of a GET through the balancer."""
+        with urllib.request.urlopen(self.url + path, timeout=120) as response:
+            return response.status, response.read().decode()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

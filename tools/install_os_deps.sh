@@ -11,11 +11,12 @@
 # sanity's test of the shell scripts (skipped without it); prometheus gives promtool (the alert
 # rules' tests) and the Prometheus server that evaluates them against the fleet;
 # prometheus-alertmanager and Java 17 (ansible-rulebook's rules engine) run the self-healing loop;
-# prometheus-blackbox-exporter runs the shipped active probe (files/prometheus/blackbox.yml).
+# prometheus-blackbox-exporter runs the shipped active probe (files/prometheus/blackbox.yml);
+# haproxy is the load balancer lb_rotation drains servers out of (tests/haproxy.py runs its own).
 # ee: podman and runc build and run the execution environment (make ee, in make test).
 set -euo pipefail
 demo=(python3 python3-venv gcc libc6-dev make procps iproute2 openssh-client mmdebstrap systemd-container zstd)
-test=("${demo[@]}" git psmisc shellcheck prometheus prometheus-alertmanager prometheus-blackbox-exporter openjdk-17-jre-headless)
+test=("${demo[@]}" git psmisc shellcheck prometheus prometheus-alertmanager prometheus-blackbox-exporter haproxy openjdk-17-jre-headless)
 ee=(podman runc)
 # How long to wait for another apt or dpkg (unattended-upgrades, a second terminal) to finish.
 LOCK_WAIT_S=${LOCK_WAIT_S:-600}

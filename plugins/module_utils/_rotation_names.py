@@ -3,30 +3,31 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The names a load balancer transition sends (a server, a backend, a balancer host): one rule,
-for the role's check on the controller and the module on the balancer's host. Private to this
-collection.
+"""The names a load balancer transition sends (a server, a backend): one rule per balancer, for
+the role's check on the controller and cleanslate.gpu.lb_rotation on the balancer's host. Private
+to this collection.
 
-HAProxy's runtime API reads one line per request and splits it into commands at `;`: a name with
-a space, a `;`, a control character or a newline would send another command than the one meant
-(`a;shutdown sessions server b/c`). Printable ASCII without those is what HAProxy's own
-configuration takes as a name."""
+HAProxy's runtime API reads a line and splits it into commands at `;` and newlines, its words at
+spaces: a name must be one word of HAProxy's own name characters (invalid_char() in its
+src/tools.c), or `a;shutdown sessions server b/c` would be a second command. A hook gets the name
+as an argument or in JSON: printable ASCII without a space or `;`."""
 
 from __future__ import annotations
 
-NAME_MAX_CHARS = 128
-REFUSED = frozenset(";#\\'\"`")
+import re
+
+NAME_MAX = 255
+HAPROXY_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % NAME_MAX)
 
 
-def name_fault(value):
-    """What is wrong with a balancer name, as a phrase without its value, or None."""
-    if not isinstance(value, str):
+def name_fault(name, balancer="haproxy"):
+    """What is wrong with a server's or backend's name for `balancer`, as a phrase, or None."""
+    if not isinstance(name, str):
         return "it must be text"
-    if not value:
-        return "it is empty"
-    if len(value) > NAME_MAX_CHARS:
-        return "it is %d characters long, at most %d" % (len(value), NAME_MAX_CHARS)
-    if value.startswith("-") or any(not ("!" <= char <= "~") or char in REFUSED for char in value):
-        return ("it must be one word of printable ASCII characters without ';', '#', quotes or backslashes, not "
-                "starting with '-' (the balancer's commands are lines split at ';' and spaces)")
+    if balancer == "haproxy":
+        if HAPROXY_NAME.fullmatch(name) is None:
+            return "it is not a HAProxy name (letters, digits, _ . : - only, 1 to %d)" % NAME_MAX
+        return None
+    if not 0 < len(name) <= NAME_MAX or not all(0x21 <= ord(char) <= 0x7E and char != ";" for char in name):
+        return "it must be printable ASCII without spaces or ; (1 to %d characters)" % NAME_MAX
     return None

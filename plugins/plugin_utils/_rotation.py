@@ -53,10 +53,10 @@ def problems(rotation, rotation_server, where: str = VARIABLE) -> list:
         value = rotation.get(key)
         if value is not None and not isinstance(value, str):
             found.append("%s.%s is %s: it must be text." % (where, key, shown(value)))
-    for key in ("host", "backend"):
-        fault = name_fault(rotation.get(key)) if isinstance(rotation.get(key), str) and rotation.get(key) else None
-        if fault:
-            found.append("%s.%s is %s: %s." % (where, key, shown(rotation[key]), fault))
+    backend = rotation.get("backend")
+    fault = name_fault(backend, balancer) if isinstance(backend, str) and backend else None
+    if fault:
+        found.append("%s.backend is %s: %s." % (where, shown(backend), fault))
     for key in ("socket", "marker_dir"):
         path = rotation.get(key)
         if path is not None and (not isinstance(path, str) or not path.startswith("/")):
@@ -75,7 +75,7 @@ def problems(rotation, rotation_server, where: str = VARIABLE) -> list:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
             found.append("%s.%s is %s: it must be a whole number of seconds from %d to %d."
                          % (where, key, shown(value), low, high))
-    fault = name_fault(rotation_server) if rotation_server not in (None, "") else None
+    fault = name_fault(rotation_server, balancer) if rotation_server not in (None, "") else None
     if fault:
         found.append("inference_service_rotation_server is %s: %s." % (shown(rotation_server), fault))
     return found

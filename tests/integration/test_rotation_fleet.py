@@ -70,7 +70,7 @@ class Balanced:
         self.lb_inventory = workdir / "lb.yml"
         self.lb_inventory.write_text(yaml.safe_dump({"all": {"hosts": {"lb": {
             "ansible_connection": "local", "ansible_python_interpreter": __import__("sys").executable}}}}))
-        self.rotation = {"balancer": "haproxy", "host": "lb", "backend": BACKEND, "socket": str(self.haproxy.socket),
+        self.rotation = {"balancer": "haproxy", "host": "lb", "backend": BACKEND, "socket": self.haproxy.socket,
                          "drain_timeout_s": 30, "marker_dir": str(workdir / "markers")}
 
     def play(self, limit=",".join(HOSTS), rotation=True, force=(), check=False, extra=()):
@@ -172,7 +172,7 @@ def balanced(fleet_session, tmp_path_factory):
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
         deadline = time.monotonic() + 30
         while {state.haproxy.status(name) for name in HOSTS} != {"UP"}:
-            assert time.monotonic() < deadline, state.haproxy.stats()
+            assert time.monotonic() < deadline, state.haproxy.stat()
             time.sleep(0.2)
         yield state
     finally:
@@ -195,7 +195,7 @@ def test_check_mode_says_it_would_take_the_server_out_and_touches_nothing(balanc
 
 
 def test_a_reset_under_traffic_fails_no_request_and_haproxy_shows_drain_maint_and_back_after_the_gate(balanced):
-    before = int(balanced.haproxy.stats()[RESET]["stot"])
+    before = int(balanced.haproxy.stat()[RESET]["stot"])
     with Traffic(balanced) as traffic:
         started = time.time()
         proc, report = balanced.play(limit=RESET, force=[RESET])
@@ -221,7 +221,7 @@ def test_a_reset_under_traffic_fails_no_request_and_haproxy_shows_drain_maint_an
     assert started < maint_at < stopping < started_again < back_at < ended, (traffic.states, stopping, started_again)
     assert back_at - started_again > 2, (traffic.states, started_again)  # the gate's stability window
     # ... and took requests again after it.
-    assert int(balanced.haproxy.stats()[RESET]["stot"]) > before
+    assert int(balanced.haproxy.stat()[RESET]["stot"]) > before
 
 
 def test_a_second_run_changes_nothing_and_leaves_the_balancer_alone(balanced):
@@ -248,7 +248,7 @@ def test_a_reset_that_fails_leaves_the_server_in_maintenance_and_the_next_run_pu
     try:
         proc, report = balanced.play(limit=RESET, force=[RESET])
         assert proc.returncode != 0, proc.stdout[-6000:]
-        assert balanced.haproxy.status(RESET) == "MAINT", balanced.haproxy.stats()[RESET]
+        assert balanced.haproxy.status(RESET) == "MAINT", balanced.haproxy.stat()[RESET]
         service = rows_by_host(report)[RESET]["service"]
         assert service["status"] == "failed" and service["rotation"]["left_out"], service
         assert "left out of rotation: node2 on lb is maint" in service["reason"], service["reason"]
@@ -260,5 +260,5 @@ def test_a_reset_that_fails_leaves_the_server_in_maintenance_and_the_next_run_pu
     assert rows_by_host(report)[RESET]["service"]["rotation"]["restored"]["changed"], report
     deadline = time.monotonic() + 30
     while balanced.haproxy.status(RESET) != "UP":
-        assert time.monotonic() < deadline, balanced.haproxy.stats()[RESET]
+        assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
         time.sleep(0.2)
