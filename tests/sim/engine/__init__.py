@@ -122,7 +122,7 @@ def main(engine: str, argv: list, env=None) -> int:
         state = server.State(engine, opts["served"], opts["model"], opts["api_key"], opts["spec_tokens"],
                              conf["acceptance"], opts["metrics"], conf["warmup_s"], info, conf["health_delay_s"],
                              opts.get("decode_log_interval", server.SGLANG_DECODE_LOG_INTERVAL), conf["fault"],
-                             conf["token_s"])
+                             conf["decode_s"])
         leaked = os.path.join(env.get("STANDIN_SHM_DIR") or "/dev/shm", LEAKED_SEGMENT)
         if os.path.exists(leaked):
             return die("OSError: [Errno 28] No space left on device: %r (a segment a crash leaked)" % leaked)

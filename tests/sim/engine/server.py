@@ -44,7 +44,7 @@ class State:
 
     def __init__(self, engine: str, served: str, model: str, api_key: str, spec_tokens: int, acceptance: float,
                  metrics: bool, warmup_s: float, info: dict, health_delay_s: float = 0.0,
-                 decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL, fault: str = "", token_s: float = 0.0):
+                 decode_log_interval: int = SGLANG_DECODE_LOG_INTERVAL, fault: str = "", decode_s: float = 0.0):
         self.engine = engine
         self.served = served
         self.model = model
@@ -54,7 +54,7 @@ class State:
         self.metrics = metrics
         self.info = info
         self.health_delay_s = health_delay_s
-        self.token_s = token_s
+        self.decode_s = decode_s
         # hung_engine: completions never answer and nothing is generated, /health stays 200 (vLLM's
         # EngineCore stopped: its API server answers /health alone). busy: completions wait BUSY_QUEUE_S
         # in the queue while other requests generate BUSY_TOKENS_PER_S tokens (a saturated server).
@@ -215,8 +215,8 @@ class Handler(BaseHTTPRequestHandler):
         with state.lock:
             state.in_flight += 1
         try:
-            # Generating takes time (STANDIN_TOKEN_S a token): the request is in flight meanwhile.
-            time.sleep(state.token_s * tokens)
+            # Generating takes time (STANDIN_DECODE_S a token): the request is in flight meanwhile.
+            time.sleep(state.decode_s * tokens)
             state.decode(tokens)
             text = " " + " ".join(WORDS[i % len(WORDS)] for i in range(tokens))
             with state.lock:

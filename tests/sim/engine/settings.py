@@ -8,13 +8,13 @@
     STANDIN_HEALTH_DELAY_S
                           seconds /health takes to answer, default 0 (SGLang's runs a one-token
                           generation: up to 20 s under load)
-    STANDIN_TOKEN_S       seconds each generated token of a completion takes, default 0 (a real engine
+    STANDIN_DECODE_S      seconds each generated token of a completion takes, default 0 (a real engine
                           streams tens of tokens a second: a request is in flight for seconds, which a
                           balancer's drain and the server's own shutdown timeout are about)
     STANDIN_CRASH_AFTER_S seconds after readiness at which the server exits 1, default 0 (never)
     STANDIN_FAULT         one fault (below), default none
     STANDIN_FAULT_FILE    a JSON file {"load_s": .., "fault": .., "acceptance": .., "import_s": ..,
-                          "health_delay_s": .., "crash_after_s": .., "token_s": ..} read at each start,
+                          "health_delay_s": .., "crash_after_s": .., "decode_s": ..} read at each start,
                           so a test changes a running unit's next start without editing the unit
     STANDIN_FLAGS_DIR     the flag data (default: the role's files/flags in this checkout)
     STANDIN_VERSION       the engine version to be (default: the installed package's version, as
@@ -70,7 +70,7 @@ def load(env=None) -> dict:
     raw = {"load_s": env.get("STANDIN_LOAD_S", "2"), "warmup_s": env.get("STANDIN_WARMUP_S", "0"),
            "acceptance": env.get("STANDIN_ACCEPTANCE"), "fault": env.get("STANDIN_FAULT", ""),
            "import_s": env.get("STANDIN_IMPORT_S", "0"), "health_delay_s": env.get("STANDIN_HEALTH_DELAY_S", "0"),
-           "crash_after_s": env.get("STANDIN_CRASH_AFTER_S", "0"), "token_s": env.get("STANDIN_TOKEN_S", "0")}
+           "crash_after_s": env.get("STANDIN_CRASH_AFTER_S", "0"), "decode_s": env.get("STANDIN_DECODE_S", "0")}
     fault_file = env.get("STANDIN_FAULT_FILE")
     if fault_file and os.path.exists(fault_file):
         try:
@@ -92,7 +92,7 @@ def load(env=None) -> dict:
         "import_s": _number("import_s", raw["import_s"], 0, 86400),
         "health_delay_s": _number("health_delay_s", raw["health_delay_s"], 0, 86400),
         "crash_after_s": _number("crash_after_s", raw["crash_after_s"], 0, 86400),
-        "token_s": _number("token_s", raw["token_s"], 0, 60),
+        "decode_s": _number("decode_s", raw["decode_s"], 0, 60),
         "acceptance": _number("acceptance", acceptance, 0, 1),
         "fault": fault,
         "flags_dir": Path(env.get("STANDIN_FLAGS_DIR") or DEFAULT_FLAGS_DIR),
