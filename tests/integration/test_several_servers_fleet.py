@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 import urllib.error
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.haproxy import BACKEND, HAProxy
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS, REPO, _fleet_prerequisites
 from tests.integration.fleet import Fleet, engines
 from tests.integration.fleet.reports import instance_rows, play
@@ -71,17 +73,19 @@ def fault_file(name: str) -> str:
 
 
 def instance(name: str) -> dict:
-    """One item of inference_service_instances: the keys the contract's example sets."""
+    """One item of inference_service_instances: the keys the contract's example sets, and each
+    instance its own server behind the node's HAProxy (issue 40)."""
     port, devices = INSTANCES[name]
-    return {"unit": unit(name), "port": port, "served_name": name,
+    return {"unit": unit(name), "port": port, "served_name": name, "rotation_server": name,
             "environment": {"FAKE_NVML_STATE": engines.NVML_STATE, "STANDIN_LOAD_S": "1", "STANDIN_SHM_DIR": "/dev/shm",
                             "CUDA_VISIBLE_DEVICES": devices, "STANDIN_FAULT_FILE": fault_file(name)}}
 
 
-def host_vars(names=tuple(INSTANCES)) -> dict:
+def host_vars(names=tuple(INSTANCES), rotation=None) -> dict:
     """The contract's inventory example: the shared settings once, one item per server. One name:
     the single-service variables instead (no inference_service_instances), today's one server."""
     values = {
+        "inference_service_rotation": rotation or {},
         "inference_service_model": MODEL,
         "inference_service_tensor_parallel_size": 2,
         "inference_service_ready_timeout": 120,
@@ -123,6 +127,18 @@ class Node:
         self.fleet = fleet
         self.workdir = workdir
         self.address = fleet.hosts[HOST].address
+        # HAProxy on this machine in front of the four servers, each its own server of one backend.
+        self.haproxy = HAProxy(workdir, {name: "%s:%d" % (self.address, INSTANCES[name][0]) for name in INSTANCES})
+        self.lb_inventory = workdir / "lb.yml"
+        self.lb_inventory.write_text(yaml.safe_dump({"all": {"hosts": {"lb": {
+            "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+        self.rotation = {"host": "lb", "backend": BACKEND, "socket": self.haproxy.socket, "drain_timeout_s": 10,
+                         "marker_dir": str(workdir / "markers")}
+
+    def balancer(self) -> dict:
+        """HAProxy's status of each server (UP, DOWN, DRAIN, MAINT), its first word."""
+        stat = self.haproxy.stat()
+        return {name: stat[name]["status"].split(" ")[0] for name in INSTANCES}
 
     def run(self, argv, **kwargs):
         return self.fleet.run(HOST, argv, **kwargs)
@@ -130,9 +146,10 @@ class Node:
     def play(self, check=False, extra=(), names=tuple(INSTANCES)):
         """ansible-playbook reset_and_serve.yml with the instances `names`; (process, report or None)."""
         (self.fleet.inventory.parent / "host_vars").mkdir(exist_ok=True)
-        (self.fleet.inventory.parent / "host_vars" / f"{HOST}.yml").write_text(yaml.safe_dump(host_vars(names)))
+        (self.fleet.inventory.parent / "host_vars" / f"{HOST}.yml").write_text(
+            yaml.safe_dump(host_vars(names, self.rotation)))
         reports = self.workdir / "reports"
-        proc, report = play(self.fleet, reports, HOST, extra, check)
+        proc, report = play(self.fleet, reports, HOST, ["-i", str(self.lb_inventory), *extra], check)
         # Kept beside the fleet for whoever reads a failure: the output and the Markdown report.
         (self.workdir / ("last-check.log" if check else "last-run.log")).write_text(proc.stdout + proc.stderr)
         self.markdown = "".join(path.read_text() for path in reports.glob("*.md"))
@@ -235,6 +252,7 @@ def node(tmp_path_factory, fake_nvml_lib):
     workdir = tmp_path_factory.mktemp("several")
     fleet = Fleet(workdir / "fleet", hosts=1, gpus=GPUS,
                   copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: fake_nvml_lib})
+    state = None
     try:
         fleet.up()
         engines.install(fleet.hosts[HOST].root, gpus=GPUS)
@@ -243,8 +261,11 @@ def node(tmp_path_factory, fake_nvml_lib):
         assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
         for name in INSTANCES:
             assert state.health(name) == 200, name
+        state.wait(lambda: set(state.balancer().values()) == {"UP"}, timeout=30)
         yield state
     finally:
+        if state is not None:
+            state.haproxy.stop()
         fleet.down()
 
 
@@ -281,7 +302,9 @@ def broken(node):
 
 def test_check_diff_on_the_broken_node_says_per_instance_what_would_be_stopped_and_changes_nothing(node, broken):
     healthy = {name: node.snapshot(name) for name in HEALTHY}
+    balancer = node.balancer()
     proc, report = node.play(check=True)
+    assert node.balancer() == balancer  # no server drained or held in maintenance
     assert proc.returncode == 0, proc.stdout[-6000:]
     out = proc.stdout
     # Per instance: which units would be stopped (a's; c is already failed), which processes
@@ -318,14 +341,32 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
     for name in HEALTHY:
         assert len(healthy[name]["procs"]) == 3 and len(healthy[name]["shm"]) == 2, healthy[name]
         assert all(gpu["used"] > 0 and gpu["pids"] for gpu in healthy[name]["gpus"].values()), healthy[name]
+    seen = {name: [] for name in INSTANCES}  # HAProxy's status of each server, each change
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.1):
+            for name, status in node.balancer().items():
+                if not seen[name] or seen[name][-1] != status:
+                    seen[name].append(status)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     with Clients(node, HEALTHY) as clients:
         time.sleep(1)  # the loop is answered before the run starts
         proc, report = node.play()
         time.sleep(1)
+    done.set()
+    sampler.join(10)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]
     # The neighbours never refused a request, and were asked all along.
     assert clients.errors == {name: [] for name in HEALTHY}, clients.errors
     assert all(count >= 20 for count in clients.ok.values()), clients.ok
+    # Behind HAProxy, per instance: the neighbours never left rotation; the two reset were held in
+    # maintenance (a's dead API and c's crash loop had HAProxy's check mark them DOWN first), then
+    # put back once their gate passed, and HAProxy's check finds them UP.
+    assert all(seen[name] == ["UP"] for name in HEALTHY), seen
+    assert all("MAINT" in seen[name] for name in BROKEN), seen
+    node.wait(lambda: set(node.balancer().values()) == {"UP"}, timeout=30)
     # ... and kept everything: server, workers, shm segments, GPU memory and its holders.
     assert {name: node.snapshot(name) for name in HEALTHY} == healthy
     # The broken ones: the old holders of their GPUs are gone, new servers hold them again.
@@ -351,6 +392,9 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
         assert (row["ready_s"] is not None) == (name in BROKEN), row
         # A neighbour left running is held no second stability window: the assessment saw it answer.
         assert row["service"]["stable_since"] == ("first answer" if name in BROKEN else "earlier look"), row
+        rotation = row["service"]["rotation"]
+        assert rotation["server"] == name and not rotation["left_out"], rotation
+        assert ("out" in rotation) == (name in BROKEN) and rotation["restored"]["changed"] == (name in BROKEN), rotation
     for name in HEALTHY:  # nothing stopped, killed or freed for a neighbour
         assert not rows[unit(name)]["stopped"] and rows[unit(name)]["killed"] == rows[unit(name)]["mib_freed"] == 0
     assert rows[unit("a")]["stopped"] and rows[unit("a")]["mib_freed"] > 0, rows[unit("a")]
