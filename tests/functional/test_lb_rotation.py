@@ -150,6 +150,13 @@ def test_restored_puts_back_only_what_it_took_out(lb, tmp_path):
     result = rotate(lb, tmp_path, "restored")
     assert result["changed"] and result["taken_out_by_us"] and admin(lb) == "ready", result
     assert rotate(lb, tmp_path, "restored")["changed"] is False  # the marker went with it
+    # An operator's drain (a server being emptied by hand): taken out for the reset, but not ours
+    # to put back.
+    lb.command("set server vllm/node1 state drain")
+    result = rotate(lb, tmp_path, "out")
+    assert result["changed"] and result["taken_out_by_us"] is False and admin(lb) == "maint", result
+    result = rotate(lb, tmp_path, "restored")
+    assert result["changed"] is False and admin(lb) == "maint", result
 
 
 @pytest.mark.parametrize("option, name", [
