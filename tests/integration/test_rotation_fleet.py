@@ -73,7 +73,7 @@ class Balanced:
         self.rotation = {"balancer": "haproxy", "host": "lb", "backend": BACKEND, "socket": self.haproxy.socket,
                          "drain_timeout_s": 30, "marker_dir": str(workdir / "markers")}
 
-    def play(self, limit=",".join(HOSTS), rotation=True, force=(), check=False, extra=()):
+    def write_vars(self, rotation=True, force=()):
         host_vars_dir = self.fleet.inventory.parent / "host_vars"
         host_vars_dir.mkdir(exist_ok=True)
         for name in HOSTS:
@@ -81,7 +81,11 @@ class Balanced:
             if name in force:
                 values["fleet_force_reset"] = True
             (host_vars_dir / f"{name}.yml").write_text(yaml.safe_dump(values))
-        proc, report = play(self.fleet, self.workdir / "reports", limit, ["-i", str(self.lb_inventory), *extra], check)
+
+    def play(self, limit=",".join(HOSTS), rotation=True, force=(), check=False, extra=(), playbook="reset_and_serve.yml"):
+        self.write_vars(rotation, force)
+        proc, report = play(self.fleet, self.workdir / "reports", limit, ["-i", str(self.lb_inventory), *extra], check,
+                            playbook)
         (self.workdir / "last-run.log").write_text(proc.stdout + proc.stderr)
         return proc, report
 
@@ -145,11 +149,11 @@ class Traffic:
     def __enter__(self):
         for thread in self._threads:
             thread.start()
-        time.sleep(2 * DECODE_S * TOKENS)  # requests in flight on both servers before the run
+        time.sleep(DECODE_S * TOKENS)  # requests in flight on both servers before the run
         return self
 
     def __exit__(self, *exc):
-        time.sleep(2 * DECODE_S * TOKENS)  # and after it, on both again
+        time.sleep(DECODE_S * TOKENS)  # and after it, on both again
         self._stop.set()
         for thread in self._threads:
             thread.join(60)
@@ -251,6 +255,36 @@ def test_a_reset_that_fails_leaves_the_server_in_maintenance_and_the_next_run_pu
     finally:
         balanced.fault(RESET)
     # The next run (no force: the server is down) resets it, serves it, and puts it back.
+    proc, report = balanced.play(limit=RESET)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert rows_by_host(report)[RESET]["service"]["rotation"]["restored"]["changed"], report
+    deadline = time.monotonic() + 30
+    while balanced.haproxy.status(RESET) != "UP":
+        assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
+        time.sleep(0.2)
+
+
+def test_a_balancer_that_cannot_be_told_leaves_the_host_as_it_is(balanced):
+    pid = int(balanced.fleet.run(RESET, ["systemctl", "show", "--property=MainPID", "--value", UNIT]).stdout)
+    balanced.rotation["backend"] = "nosuch"
+    try:
+        proc, report = balanced.play(limit=RESET, force=[RESET])
+    finally:
+        balanced.rotation["backend"] = BACKEND
+    assert proc.returncode != 0, proc.stdout[-6000:]
+    row = rows_by_host(report)[RESET]
+    assert row["status"] == "failed at rotation" and row["killed"] == 0, row
+    problems = "\n".join(row["problems"])
+    assert "not reset, the server still takes traffic" in problems and "nosuch" in problems, problems
+    # Nothing stopped: the same server, in rotation, answering.
+    assert int(balanced.fleet.run(RESET, ["systemctl", "show", "--property=MainPID", "--value", UNIT]).stdout) == pid
+    assert balanced.haproxy.status(RESET) == "UP"
+
+
+def test_reset_yml_takes_the_server_out_and_leaves_it_out_for_reset_and_serve(balanced):
+    proc, report = balanced.play(limit=RESET, playbook="reset.yml")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert balanced.haproxy.status(RESET) == "MAINT"  # reset.yml starts nothing: out it stays
     proc, report = balanced.play(limit=RESET)
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert rows_by_host(report)[RESET]["service"]["rotation"]["restored"]["changed"], report
