@@ -507,8 +507,8 @@ SETTINGS = (
             default={},
             suboptions={
                 'balancer': {'type': 'str', 'choices': ['haproxy', 'command', 'http'], 'default': 'haproxy',
-                             'description': ["V(haproxy): HAProxy's runtime API on its admin socket; V(command) or V(http): "
-                                             'a hook called at each transition (M(cleanslate.gpu.lb_rotation)).']},
+                             'description': ["V(haproxy) speaks HAProxy's runtime API on its admin socket; V(command) and "
+                                             'V(http) call a hook at each transition (M(cleanslate.gpu.lb_rotation)).']},
                 'host': {'type': 'str', 'required': True,
                          'description': ["The inventory host where the balancer's admin socket or hook is (V(localhost): "
                                          'the controller); the transitions run there.']},
@@ -529,15 +529,15 @@ SETTINGS = (
                 'marker_dir': {'type': 'str', 'default': '/var/lib/cleanslate-gpu/rotation',
                                'description': ["On the balancer's host, where a server the collection took out is "
                                                'recorded until it is put back (only such a server is put back).']}},
-            description=('The load balancer in front of the server (docs/inference_service.md, "Traffic during a reset"); '
+            description=('The load balancer in front of the server (docs/inference_service.md, Traffic during a reset); '
                          'V({}) means none. Before a reset or a restart stops a running server, it is taken out of rotation '
-                         '(HAProxy: drained until its sessions end, then in maintenance); it is put back only after the '
+                         '(HAProxy drains it until its sessions end, then holds it in maintenance); it is put back only after the '
                          'readiness gate passed. A run that fails leaves it out and says so; the next run that serves it puts '
                          'it back. A server found out of rotation that no run of the collection took out is left so.',)),
     Setting('rotation_server',
             'str',
             default='',
-            description=("The server's name on the balancer (HAProxy: its C(server) line's name); V('') means the "
+            description=("The server's name on the balancer (the name of HAProxy's C(server) line); V('') means the "
                          'inventory host name. With several instances behind a balancer, each names its own.',)),
     Setting('rotation_return_degraded',
             'bool',

@@ -97,4 +97,3 @@ def servers(instances, host: str, units=None) -> list:
             for instance in instances or []
             if isinstance(instance, Mapping) and configured(instance.get("rotation"))
             and (units is None or instance.get("unit") in units)]
-

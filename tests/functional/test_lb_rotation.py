@@ -57,7 +57,7 @@ class Upstream:
 def lb(tmp_path):
     ups = {"node1": Upstream("node1"), "node2": Upstream("node2")}
     box = HAProxy(tmp_path, {name: "127.0.0.1:%d" % up.port for name, up in ups.items()}, checks=False,
-                  slow_server=next(iter(ups)))
+                  slow_server="node1")
     box.upstreams = ups
     try:
         yield box

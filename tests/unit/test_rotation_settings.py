@@ -71,8 +71,8 @@ def test_each_fault_is_named_once():
     ({"backend": "vllm"}, "inference_service_rotation.host is missing"),
     ({"balancer": "nginx", "host": "lb1"}, 'inference_service_rotation.balancer is "nginx": it must be one of haproxy, command, http.'),
     ({"balancer": "command", "host": "lb1"}, "inference_service_rotation.command is missing"),
-    ({"balancer": "command", "host": "lb1", "command": "/bin/hook out"}, "inference_service_rotation.command is "
-                                                                           '"/bin/hook out": it must be a list of texts'),
+    ({"balancer": "command", "host": "lb1", "command": "/bin/hook out"},
+     'inference_service_rotation.command is "/bin/hook out": it must be a list of texts'),
     ({"balancer": "command", "host": "lb1", "command": ["/bin/hook", 3]}, "it must be a list of texts"),
     ({"balancer": "http", "host": "lb1", "url": "file:///etc/passwd"}, "it must start with http:// or https://"),
     ({"balancer": "http", "host": "lb1", "url": "https://lb", "headers": ["X-Token: s3cr3t"]},
