@@ -73,17 +73,19 @@ class Balanced:
         self.rotation = {"balancer": "haproxy", "host": "lb", "backend": BACKEND, "socket": self.haproxy.socket,
                          "drain_timeout_s": 30, "marker_dir": str(workdir / "markers")}
 
-    def write_vars(self, rotation=True, force=()):
+    def write_vars(self, rotation=True, force=(), changes=None):
         host_vars_dir = self.fleet.inventory.parent / "host_vars"
         host_vars_dir.mkdir(exist_ok=True)
         for name in HOSTS:
             values = host_vars(self.rotation if rotation else {})
             if name in force:
                 values["fleet_force_reset"] = True
+            values.update((changes or {}).get(name, {}))
             (host_vars_dir / f"{name}.yml").write_text(yaml.safe_dump(values))
 
-    def play(self, limit=",".join(HOSTS), rotation=True, force=(), check=False, extra=(), playbook="reset_and_serve.yml"):
-        self.write_vars(rotation, force)
+    def play(self, limit=",".join(HOSTS), rotation=True, force=(), check=False, extra=(), playbook="reset_and_serve.yml",
+             changes=None):
+        self.write_vars(rotation, force, changes)
         proc, report = play(self.fleet, self.workdir / "reports", limit, ["-i", str(self.lb_inventory), *extra], check,
                             playbook)
         (self.workdir / "last-run.log").write_text(proc.stdout + proc.stderr)
@@ -292,3 +294,17 @@ def test_reset_yml_takes_the_server_out_and_leaves_it_out_for_reset_and_serve(ba
     while balanced.haproxy.status(RESET) != "UP":
         assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
         time.sleep(0.2)
+
+
+def test_a_restart_for_a_changed_setting_takes_the_running_server_out_first(balanced):
+    """The role's own serve (any play, no reset): a healthy server whose command line changed is
+    restarted, and leaves rotation before, as for a reset. Last: the hosts keep the new setting."""
+    with Traffic(balanced) as traffic:
+        proc, report = balanced.play(limit=RESET, changes={RESET: {"inference_service_max_model_len": 2048}})
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    print("restart with rotation: %d requests, %d failed" % (traffic.ok + len(traffic.failed), len(traffic.failed)))
+    assert traffic.failed == [], traffic.failed
+    service = rows_by_host(report)[RESET]["service"]
+    assert service["restarted"] and "--max-model-len" in service["argv"], service
+    assert traffic.sequence()[:3] == ["UP", "DRAIN", "MAINT"] and traffic.sequence()[-1] == "UP", traffic.states
+    assert service["rotation"]["restored"]["changed"] and not service["rotation"]["left_out"], service["rotation"]
