@@ -108,6 +108,14 @@ def unit_times(balanced) -> tuple:
     return float(values["ActiveExitTimestamp"].lstrip("@")), float(values["ActiveEnterTimestamp"].lstrip("@"))
 
 
+def wait_up(balanced) -> None:
+    """Until HAProxy's own health check has RESET up again (it was put back in rotation)."""
+    deadline = time.monotonic() + 30
+    while balanced.haproxy.status(RESET) != "UP":
+        assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
+        time.sleep(0.2)
+
+
 class Traffic:
     """CLIENTS loops sending completions through HAProxy until stopped, every answer that is not a
     200 with text a failure (kept with its time); and HAProxy's state of RESET sampled meanwhile,
@@ -260,10 +268,7 @@ def test_a_reset_that_fails_leaves_the_server_in_maintenance_and_the_next_run_pu
     proc, report = balanced.play(limit=RESET)
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert rows_by_host(report)[RESET]["service"]["rotation"]["restored"]["changed"], report
-    deadline = time.monotonic() + 30
-    while balanced.haproxy.status(RESET) != "UP":
-        assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
-        time.sleep(0.2)
+    wait_up(balanced)
 
 
 def test_a_balancer_that_cannot_be_told_leaves_the_host_as_it_is(balanced):
@@ -290,10 +295,7 @@ def test_reset_yml_takes_the_server_out_and_leaves_it_out_for_reset_and_serve(ba
     proc, report = balanced.play(limit=RESET)
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert rows_by_host(report)[RESET]["service"]["rotation"]["restored"]["changed"], report
-    deadline = time.monotonic() + 30
-    while balanced.haproxy.status(RESET) != "UP":
-        assert time.monotonic() < deadline, balanced.haproxy.stat()[RESET]
-        time.sleep(0.2)
+    wait_up(balanced)
 
 
 def test_a_restart_for_a_changed_setting_takes_the_running_server_out_first(balanced):
