@@ -34,7 +34,7 @@ def test_the_issue_names_are_the_interface():
 
 
 def test_every_entry_point_takes_the_same_variables():
-    assert sorted(SPECS) == ["assess", "main", "serve", "validate"]
+    assert sorted(SPECS) == ["assess", "main", "rotation_out", "serve", "validate"]
     for entry in ("validate", "assess", "serve"):
         assert SPECS[entry]["options"] == SPECS["main"]["options"]
         assert (ROLE / "tasks" / f"{entry}.yml").exists()
