@@ -45,7 +45,7 @@ def _keep(out: Path, step: str, fact: str) -> dict:
         "dest": "%s/%s.json" % (out, step), "content": "{{ %s | default({}) | to_json }}" % fact}}
 
 
-def _play(tmp_path: Path, name: str, tasks: list) -> subprocess.CompletedProcess:
+def _play(tmp_path: Path, name: str, tasks: list, instances=None, **more) -> subprocess.CompletedProcess:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     (venv / "bin" / "vllm").write_text("#!/bin/sh\nexit 0\n")
@@ -61,7 +61,8 @@ def _play(tmp_path: Path, name: str, tasks: list) -> subprocess.CompletedProcess
     extra.write_text(json.dumps({
         "inference_service_model": "/models/llama", "inference_service_engine_version": "0.33.0",
         "inference_service_venv": str(venv), "inference_service_config_dir": str(tmp_path / "config"),
-        "inference_service_metrics_dir": str(tmp_path / "metrics"), "inference_service_instances": INSTANCES}))
+        "inference_service_metrics_dir": str(tmp_path / "metrics"), "inference_service_instances": instances or INSTANCES,
+        **more}))
     env = dict(os.environ, ANSIBLE_PYTHON_INTERPRETER=sys.executable, PATH="%s:%s" % (fake, os.environ["PATH"]))
     return subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "--check", "-i", "inventory/simulated.yml",
                            "-l", "gpu_nodes", "-e", "@%s" % extra],
@@ -117,3 +118,23 @@ def test_serve_alone_checks_each_instance_first(tmp_path):
     served = _by_unit(json.loads((out / "serve.json").read_text())["instances"])
     assert "--port 8001" in served["vllm-a.service"]["command_line"], served
     assert "--port 8002" in served["vllm-b.service"]["command_line"], served
+
+
+def test_rotation_out_takes_each_instance_out_under_its_own_name_and_a_balancer_not_told_fails_the_host(tmp_path):
+    """The entry point rotation_out in a user's play (issue 40): each instance is its own server on
+    the balancer; a balancer that cannot be told fails the host, before the play stops anything."""
+    instances = [dict(item, rotation_server="node1-" + item["unit"][5]) for item in INSTANCES]
+    hook = {"balancer": "command", "host": "localhost", "command": ["/bin/true"], "marker_dir": str(tmp_path / "m")}
+    proc = _play(tmp_path, "out", [_include("rotation_out")], instances=instances, inference_service_rotation=hook)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    # --check: the hook is not run, each server's transition is shown as it would be.
+    assert "changed: [simulated-node -> localhost] => (item=node1-a)" in proc.stdout, proc.stdout[-4000:]
+    assert "changed: [simulated-node -> localhost] => (item=node1-b)" in proc.stdout, proc.stdout[-4000:]
+    socket = str(tmp_path / "no-such.sock")
+    proc = _play(tmp_path, "out", [_include("rotation_out"), {"name": "Stop the servers", "ansible.builtin.debug":
+                                                              {"msg": "STOPPING"}}],
+                 instances=instances, inference_service_rotation={"host": "localhost", "backend": "vllm", "socket": socket,
+                                                                  "marker_dir": str(tmp_path / "m")})
+    assert proc.returncode == 2, proc.stdout[-4000:]
+    assert "not reset, the server still takes traffic: there is no HAProxy socket at %s" % socket in proc.stdout
+    assert "STOPPING" not in proc.stdout  # the host failed before the play's next task
