@@ -131,6 +131,9 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
                       journal_errors=list(failed_result.get("journal_errors") or []))
         return result
     result["ok"] = True
+    if check_mode and result["rotation"]:
+        # --check took nothing out: the transition it shows is what a run would do.
+        result["rotation"]["left_out"] = False
     if result["rotation"].get("left_out"):
         result["warnings"].append(_left_out(result))
     if check_mode:

@@ -180,3 +180,11 @@ def test_a_degraded_server_left_out_says_so_and_a_failed_one_says_it_in_its_reas
 def test_a_server_without_a_balancer_has_no_rotation():
     result = inference_service_result({"gate": GATE}, "node2", unit="vllm.service")
     assert result["rotation"] == {} and result["warnings"] == []
+
+
+def test_check_mode_shows_the_transition_and_leaves_nothing_out():
+    would = dict(OUT, changed=True, state_after="maint", msg="node2 would be drained and put in maintenance")
+    result = inference_service_result({"rotation": rotation(("out", would))}, "node2", unit="vllm.service",
+                                      check_mode=True)
+    assert result["ok"] and result["rotation"]["out"]["changed"] and not result["rotation"]["left_out"], result
+    assert result["warnings"] == [], result["warnings"]
