@@ -21,12 +21,9 @@ import json
 import os
 import pwd
 import re
-import stat
 import time
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import run_as_user
-from ansible_collections.cleanslate.gpu.plugins.module_utils._text import printable
-from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import trusted_directory_problem
 
 # Control characters but newline and tab: a terminal escape in a log stays text (\x1b).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -45,30 +42,6 @@ def run_label(units, when):
     """The run directory's name: the UTC time, then the first unit (or `processes`), safe as a name."""
     name = _LABEL.sub("_", units[0] if units else "processes")[:64]
     return "%s-%s" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when)), name)
-
-
-def trusted_program_problem(path):
-    """'' when root may run the program at `path`: it, its real file and the directories of both are
-    root's and writable by no one else; else one sentence saying why not."""
-    if not os.path.isabs(path):
-        return "%s is not an absolute path" % printable(path)
-    try:
-        real = os.path.realpath(path)
-        info = os.stat(real)
-    except OSError as exc:
-        return "%s cannot be examined (%s)" % (printable(path), exc.strerror or exc)
-    for directory in sorted({os.path.dirname(path), os.path.dirname(real)}):
-        problem = trusted_directory_problem(directory)
-        if problem:
-            return problem
-    if not stat.S_ISREG(info.st_mode):
-        return "%s is not a regular file" % printable(real)
-    if info.st_uid != 0:
-        return "%s is owned by uid %d, not root" % (printable(real), info.st_uid)
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "%s may be written by %s (mode %04o)" % (
-            printable(real), "others" if info.st_mode & stat.S_IWOTH else "its group", stat.S_IMODE(info.st_mode))
-    return ""
 
 
 class Kept(object):

@@ -80,12 +80,18 @@ def _refusal(answer, backend, server):
     return ""
 
 
-def admin_state(path, backend, server, timeout):
-    """The server's srv_admin_state bits, from `show servers state <backend>`."""
-    answer = exchange(path, "show servers state %s" % backend, timeout)
+def _ask(path, command, backend, server, timeout):
+    """HAProxy's answer to `command` about backend/server; its refusal raised as one sentence."""
+    answer = exchange(path, command, timeout)
     refusal = _refusal(answer, backend, server)
     if refusal:
         raise HaproxyError(refusal)
+    return answer
+
+
+def admin_state(path, backend, server, timeout):
+    """The server's srv_admin_state bits, from `show servers state <backend>`."""
+    answer = _ask(path, "show servers state %s" % backend, backend, server, timeout)
     lines = answer.splitlines()
     header = next((line[1:].split() for line in lines if line.startswith("#")), [])
     if "be_name" not in header or "srv_name" not in header or "srv_admin_state" not in header:
@@ -110,10 +116,7 @@ def state_name(bits) -> str:
 
 def sessions(path, backend, server, timeout):
     """The server's current sessions (scur of `show stat <backend> 4 -1`, the servers' rows)."""
-    answer = exchange(path, "show stat %s 4 -1" % backend, timeout)
-    refusal = _refusal(answer, backend, server)
-    if refusal:
-        raise HaproxyError(refusal)
+    answer = _ask(path, "show stat %s 4 -1" % backend, backend, server, timeout)
     lines = answer.splitlines()
     header = lines[0].lstrip("# ").split(",") if lines and lines[0].startswith("#") else []
     if not {"pxname", "svname", "scur"} <= set(header):

@@ -19,6 +19,7 @@ import pwd
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import run_as_user
+from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import trusted_program_problem
 
 OUTPUT_MAX = 64 * 1024
 LINE_MAX = 300
@@ -36,7 +37,8 @@ def _line(text, mask):
 
 
 def run_command(argv, transition, server, timeout, mask):
-    """argv + [transition, server], as this user, never through a shell; exit 0 = done."""
+    """argv + [transition, server], as this user, never through a shell; exit 0 = done. As root, only
+    a program root owns in directories no one else may write."""
     program = argv[0]
     shown = mask(program)
     if not os.path.isabs(program):
@@ -45,6 +47,10 @@ def run_command(argv, transition, server, timeout, mask):
         raise HookError("the hook command %s does not exist" % shown)
     if not os.access(program, os.X_OK):
         raise HookError("the hook command %s is not executable" % shown)
+    # Root never runs a program another user could have replaced (the file, or a directory above it).
+    refused = trusted_program_problem(program) if os.geteuid() == 0 else ""
+    if refused:
+        raise HookError("the hook command %s is not run as root: %s" % (shown, mask(refused)))
     try:
         status, out, err, timed_out = run_as_user(list(argv) + [transition, server], b"", pwd.getpwuid(os.geteuid()),
                                                   dict(os.environ), timeout, OUTPUT_MAX)

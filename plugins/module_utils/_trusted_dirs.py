@@ -117,3 +117,27 @@ def trusted_directory_problem(path, owners=(0,), missing_ok: bool = False) -> st
     if state == MISSING:
         return "directory %s does not exist: %s" % (printable(path), why)
     return "directory %s is not safe to write in: %s; %s" % (printable(str(path)), why, RULE % owners_text({0} | set(owners)))
+
+
+def trusted_program_problem(path):
+    """'' when root may run the program at `path`: it, its real file and the directories of both are
+    root's and writable by no one else; else one sentence saying why not."""
+    if not os.path.isabs(path):
+        return "%s is not an absolute path" % printable(path)
+    try:
+        real = os.path.realpath(path)
+        info = os.stat(real)
+    except OSError as exc:
+        return "%s cannot be examined (%s)" % (printable(path), exc.strerror or exc)
+    for directory in sorted({os.path.dirname(path), os.path.dirname(real)}):
+        problem = trusted_directory_problem(directory)
+        if problem:
+            return problem
+    if not stat.S_ISREG(info.st_mode):
+        return "%s is not a regular file" % printable(real)
+    if info.st_uid != 0:
+        return "%s is owned by uid %d, not root" % (printable(real), info.st_uid)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "%s may be written by %s (mode %04o)" % (
+            printable(real), "others" if info.st_mode & stat.S_IWOTH else "its group", stat.S_IMODE(info.st_mode))
+    return ""

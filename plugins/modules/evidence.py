@@ -169,10 +169,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs, _xid
-from ansible_collections.cleanslate.gpu.plugins.module_utils._evidence import Kept, run_label, trusted_program_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._evidence import Kept, run_label
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import HAS_PYNVML, NvmlError, snapshot
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker, argument_secrets, masked_command_line
-from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import trusted_directory_problem
+from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import trusted_directory_problem, trusted_program_problem
 
 INVOCATION_ID = re.compile(r"^[0-9a-f]{32}$")
 UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.@\\-]+$")

@@ -75,7 +75,8 @@ options:
     default: 60
   command:
     description: With O(balancer=command), the hook's argument vector, its program an absolute path; it runs with
-      C(out) or C(in) and O(server) appended, as the user running the module. Its output is masked for the
+      C(out) or C(in) and O(server) appended, as the user running the module. As root, the program must be root's, in
+      directories no one else may write (else it is refused, not run). Its output is masked for the
       secrets it carries, but Ansible shows a module's arguments in verbose output, so give the hook its secret in a
       file, not here.
     type: list

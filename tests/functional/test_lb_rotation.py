@@ -5,6 +5,7 @@ program and POST to a real local HTTP server."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -217,6 +218,22 @@ def test_the_command_hook_gets_the_transition_and_server_and_its_failure_is_mask
     assert plain["msg"] == "the hook command %s is not executable" % (tmp_path / "plain")
     gone = run_module("lb_rotation", dict(base, state="in", command=[str(tmp_path / "none")]))
     assert gone["msg"] == "the hook command %s does not exist" % (tmp_path / "none")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the rule is root's: as another user the hook runs as that user")
+def test_root_never_runs_a_hook_another_user_could_have_replaced(tmp_path):
+    record, hook = tmp_path / "argv", tmp_path / "lb-hook"
+    hook.write_text(HOOK.format(record=record))
+    base = {"balancer": "command", "server": "node1-vllm-a", "state": "out", "marker_dir": str(tmp_path / "markers"),
+            "command": [str(hook)]}
+    for change in (lambda: hook.chmod(0o777), lambda: (hook.chmod(0o755), os.chown(hook, 65534, 65534))):
+        change()
+        result = run_module("lb_rotation", base)
+        assert result["rc"] != 0 and result["msg"].startswith("the hook command %s is not run as root: " % hook), result
+        assert not record.exists()  # never run
+    hook.chmod(0o755)
+    os.chown(hook, 0, 0)
+    assert run_module("lb_rotation", base)["rc"] == 0 and record.exists()
 
 
 def test_the_http_hook_posts_the_transition_and_never_shows_its_header(tmp_path):

@@ -139,11 +139,7 @@ class Served:
             time.sleep(0.2)
 
     def fault(self, name, **settings) -> None:
-        path = self.fleet.hosts[name].root / FAULT_FILE.lstrip("/")
-        if settings:
-            path.write_text(json.dumps(settings))
-        else:
-            path.unlink(missing_ok=True)
+        engines.set_fault(self.fleet.hosts[name].root, FAULT_FILE, **settings)
 
     def heal(self, *names, force=True) -> None:
         """Back to the served state: no fault, the base variables, served again; reset too with

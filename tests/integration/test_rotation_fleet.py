@@ -92,11 +92,7 @@ class Balanced:
         return proc, report
 
     def fault(self, name, **settings) -> None:
-        path = self.fleet.hosts[name].root / FAULT_FILE.lstrip("/")
-        if settings:
-            path.write_text(json.dumps(settings))
-        else:
-            path.unlink(missing_ok=True)
+        engines.set_fault(self.fleet.hosts[name].root, FAULT_FILE, **settings)
 
 
 def unit_times(balanced) -> tuple:

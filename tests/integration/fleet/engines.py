@@ -10,6 +10,7 @@ The host must have this repository's tests/ at /opt/cleanslate/tests (the fleet'
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -97,3 +98,13 @@ def uninstall(root: Path) -> None:
             shutil.rmtree(info)
     shutil.rmtree(root / NVML_STATE.lstrip("/"), ignore_errors=True)
     shutil.rmtree(root / PARENT.lstrip("/") / "roles", ignore_errors=True)
+
+
+def set_fault(root: Path, fault_file: str, **settings) -> None:
+    """The stand-in's STANDIN_FAULT_FILE on the host whose root is `root`: `settings` for its next
+    start (tests/sim/engine/settings.py), or none (the file removed)."""
+    path = root / fault_file.lstrip("/")
+    if settings:
+        path.write_text(json.dumps(settings))
+    else:
+        path.unlink(missing_ok=True)
