@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import tempfile
 import time
 from collections.abc import Mapping
 
@@ -261,11 +262,9 @@ REPORT_MODE = 0o600
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Readers never see half a report: write beside it (never through a link planted there), then rename."""
-    partial = path + ".partial"
-    if os.path.lexists(partial):
-        os.unlink(partial)
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, REPORT_MODE)
+    """Readers never see half a report: write beside it under a name of its own (never through a link
+    planted there, never another run's: heals run at once, and one would empty the other's), then rename."""
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=os.path.basename(path) + ".", suffix=".partial")
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         os.fchmod(handle.fileno(), REPORT_MODE)  # whatever the umask took away, nothing more
         handle.write(text)

@@ -208,6 +208,16 @@ def test_a_link_planted_at_the_partial_name_is_not_written_through(tmp_path):
     assert victim.read_text() == "keep" and path.read_text() == "report\n"
 
 
+def test_another_runs_report_being_written_is_left_alone(tmp_path):
+    """Heals run at once: a run that removed the other's half-written file would have that run rename
+    this one's unfinished file over the report, which a reader then finds empty."""
+    path = tmp_path / "reset_and_serve-20261201T000000Z.json"
+    other = tmp_path / "reset_and_serve-20261201T000000Z.json.partial"
+    other.write_text("{\"other run\": ")
+    write_atomically(str(path), "{}\n")
+    assert other.read_text() == "{\"other run\": " and path.read_text() == "{}\n"
+
+
 # ----- issue 24: the figures, problems and verdict an operator reads, each on its own -----
 
 def uuid(n):
