@@ -9,7 +9,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: inference_files
-short_description: Compare and write an inference server's unit file and its secret files in one host contact
+short_description: Compare and write an inference server's unit file, its secret files and its root programs in one host contact
 version_added: 0.2.0
 description:
   - Compares the systemd unit file O(unit) and each of O(secret_files) (the unit's C(EnvironmentFile), SGLang's
@@ -28,6 +28,11 @@ description:
   - A file whose text is the same but whose mode, owner or group differ is written again, whole.
   - The secret files' texts are never returned, shown in a diff or logged (C(no_log)); RV(secret_files) says which
     changed. The C(Invoked with) line in the host's journal names the files, never their texts.
+  - O(programs) are files root runs for the unit (its pre-start cleanup, C(ExecStartPre=+)), written as the others, owned by
+    root, mode C(0644), in O(programs.dir). Root never runs code from a directory another user could change, so that
+    directory and each one above it must be root's and writable by root alone (the rule of the collection's
+    C(plugins/module_utils/_trusted_dirs.py)); the missing ones are made, owned by root, mode C(0755). One that breaks
+    the rule is refused, and nothing is written.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -38,7 +43,7 @@ attributes:
   diff_mode:
     support: partial
     details:
-      - The unit file's text before and after. The secret files are never shown.
+      - The unit file's text before and after. The secret files and the programs are never shown.
 options:
   unit:
     description: The systemd unit file.
@@ -104,6 +109,19 @@ options:
       group:
         description: The file's group, a group name or number; unset, a new file gets the writer's and an existing one keeps its own.
         type: str
+  programs:
+    description: Files that root runs for the unit, under one directory.
+    type: dict
+    suboptions:
+      dir:
+        description: The programs' directory, an absolute path.
+        type: path
+        required: true
+      files:
+        description:
+          - Each file's path under O(programs.dir) (relative, without C(.) or C(..)), mapped to its whole text.
+        type: dict
+        required: true
 notes:
   - A file larger than 1 MiB is never read whole; it differs from the text given, and its diff says only its size.
 seealso:
@@ -123,6 +141,10 @@ EXAMPLES = r"""
         content: "{{ lookup('ansible.builtin.template', 'environment.j2') }}"
       - path: /etc/cleanslate/inference/vllm.secrets.yaml
         state: absent
+    programs:
+      dir: /usr/local/libexec/cleanslate-gpu
+      files:
+        prestart_clean.py: "{{ lookup('ansible.builtin.file', 'prestart_clean.py', rstrip=false) }}"
   register: written
 
 - name: Reload systemd when the unit file changed
@@ -176,6 +198,24 @@ secret_files:
       description: Whether the file changed (or would).
       type: bool
       sample: false
+programs:
+  description: What was done to each program file and to each directory made for them, in path order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file's or directory's path.
+      type: str
+      sample: /usr/local/libexec/cleanslate-gpu/prestart_clean.py
+    action:
+      description: V(unchanged), V(created), V(updated), V(attributes), V(replaced a symbolic link) or, for a directory, V(made).
+      type: str
+      sample: unchanged
+    changed:
+      description: Whether it changed (or would).
+      type: bool
+      sample: false
 """
 
 import grp
@@ -186,6 +226,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import write_atomically
+from ansible_collections.cleanslate.gpu.plugins.module_utils._trusted_dirs import MISSING, SAFE, trusted_directory
 
 MODE = re.compile(r"0?[0-7]{3,4}\Z")
 # Bigger files are not read whole: none of the role's is near it.
@@ -319,6 +360,80 @@ def plan_secret(spec, index, check_mode=False):
     return dict(path=path, action=action, content=content, mode=mode, uid=uid, gid=gid)
 
 
+def _program_dirs(top, relative_paths):
+    """The directories the programs need, parents first, each once: the missing ones above `top`
+    (Debian has no /usr/local/libexec), `top`, and those between it and each file."""
+    dirs = [top]
+    while not os.path.lexists(os.path.dirname(dirs[0])):
+        dirs.insert(0, os.path.dirname(dirs[0]))
+    for relative in relative_paths:
+        parts = relative.split("/")[:-1]
+        for end in range(1, len(parts) + 1):
+            path = os.path.join(top, *parts[:end])
+            if path not in dirs:
+                dirs.append(path)
+    return dirs
+
+
+def plan_programs(spec, check_mode=False):
+    """What to do for the programs: (directories to make, file plans). A directory that another user
+    could change is refused: root would run what they put there."""
+    if not spec:
+        return [], []
+    top = spec["dir"]
+    if not top or not os.path.isabs(top) or "\n" in top:
+        raise Refused("programs.dir must be an absolute directory path on one line, got %r" % top)
+    top = os.path.normpath(top)
+    files = spec["files"]
+    for relative in files:
+        parts = relative.split("/") if isinstance(relative, str) else [""]
+        if not relative or relative.startswith("/") or "\n" in relative or any(part in ("", ".", "..") for part in parts):
+            raise Refused("programs.files: %r is not a relative file path under programs.dir (no `.`, `..` or empty "
+                          "part)" % relative)
+        if not isinstance(files[relative], str):
+            raise Refused("programs.files: the text of %s must be a string" % relative)
+    make = []
+    for directory in _program_dirs(top, files):
+        state, why = trusted_directory(directory)
+        if state == MISSING:
+            make.append(directory)
+        elif state != SAFE:
+            raise Refused("programs: %s: root would run code from a directory another user could change; make it "
+                          "root's and writable by root alone" % why)
+    plans = []
+    for relative in sorted(files):
+        path = os.path.join(top, relative)
+        found, data = (None, None) if os.path.dirname(path) in make else _read(path)
+        if found is not None and not stat.S_ISREG(found.st_mode) and not stat.S_ISLNK(found.st_mode):
+            raise Refused("%s is %s, not a program this role wrote; it is left as it is" % (path, _kind(found)))
+        content = files[relative].encode("utf-8", "surrogateescape")
+        if found is None:
+            action = "created"
+        elif stat.S_ISLNK(found.st_mode):
+            action = "replaced a symbolic link"
+        else:
+            action = _action(found, data, content, 0o644, 0, 0)
+        plans.append(dict(path=path, action=action, content=content, mode=0o644, uid=0, gid=0))
+    return make, plans
+
+
+def _make_dirs(make):
+    """Make the missing program directories, root's, 0755; then each must pass the rule (a directory
+    another user made in between fails it)."""
+    for directory in make:
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass
+        else:
+            os.chown(directory, 0, 0)
+            os.chmod(directory, 0o755)
+    for directory in make:
+        state, why = trusted_directory(directory)
+        if state != SAFE:
+            raise Refused("programs: %s: root would run code from a directory another user could change" % why)
+
+
 class _Module(AnsibleModule):
     """AnsibleModule whose "Invoked with" line in the host's journal holds no file's text.
 
@@ -332,7 +447,8 @@ class _Module(AnsibleModule):
     def _log_invocation(self):
         unit = {key: value for key, value in self.params["unit"].items() if key != "content"}
         files = [{key: value for key, value in spec.items() if key != "content"} for spec in self.params["secret_files"]]
-        self.log("Invoked with unit=%s secret_files=%s (the texts not logged)" % (unit, files))
+        programs = self.params["programs"] and dict(dir=self.params["programs"]["dir"], files=sorted(self.params["programs"]["files"]))
+        self.log("Invoked with unit=%s secret_files=%s programs=%s (the texts not logged)" % (unit, files, programs))
 
 
 def _apply(module, plan):
@@ -359,13 +475,16 @@ def main():
             secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
                 file_options, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
                 state=dict(type="str", choices=["present", "absent"], default="present"))),
+            programs=dict(type="dict", options=dict(dir=dict(type="path", required=True),
+                                                    files=dict(type="dict", required=True))),
         ),
         supports_check_mode=True,
     )
     try:
         unit = plan_unit(module.params["unit"], module.check_mode)
         secrets = [plan_secret(spec, index, module.check_mode) for index, spec in enumerate(module.params["secret_files"])]
-        paths = [unit["path"]] + [plan["path"] for plan in secrets]
+        make, programs = plan_programs(module.params["programs"], module.check_mode)
+        paths = [unit["path"]] + [plan["path"] for plan in secrets + programs]
         if len(set(paths)) != len(paths):
             raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(
                 {path for path in paths if paths.count(path) > 1})))
@@ -373,16 +492,26 @@ def main():
         module.fail_json(msg=str(exc))
     except OSError as exc:
         module.fail_json(msg="cannot read %s: %s" % (exc.filename, exc.strerror or exc))
-    changed = [plan for plan in [unit] + secrets if plan["action"] not in ("unchanged", "absent")]
+    changed = [plan for plan in [unit] + secrets + programs if plan["action"] not in ("unchanged", "absent")] + make
+
+    def public():
+        return dict(unit=_public(unit), secret_files=[_public(plan) for plan in secrets],
+                    programs=[dict(path=path, action="made", changed=True) for path in make] + [_public(plan) for plan in programs])
+
     if not module.check_mode:
-        # The secrets first: a unit that names its EnvironmentFile finds it written.
-        for plan in secrets + [unit]:
+        # The programs and secrets first: a unit that names its EnvironmentFile or ExecStartPre program finds it written.
+        try:
+            _make_dirs(make)
+        except Refused as exc:
+            module.fail_json(msg=str(exc), **public())
+        except OSError as exc:
+            module.fail_json(msg="cannot make %s: %s" % (exc.filename, exc.strerror or exc), **public())
+        for plan in programs + secrets + [unit]:
             try:
                 _apply(module, plan)
             except OSError as exc:
-                module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc),
-                                 unit=_public(unit), secret_files=[_public(plan) for plan in secrets])
-    result = dict(changed=bool(changed), unit=_public(unit), secret_files=[_public(plan) for plan in secrets])
+                module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc), **public())
+    result = dict(public(), changed=bool(changed))
     if module._diff:
         result["diff"] = dict(before=unit["before"], after=unit["content"].decode("utf-8"),
                               before_header=unit["path"], after_header=unit["path"])

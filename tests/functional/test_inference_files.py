@@ -322,3 +322,53 @@ def test_hostile_texts_are_written_byte_for_byte(dirs):
     assert result["rc"] == 0, result
     assert (units / "vllm.service").read_text() == hostile_unit and (config / "vllm.env").read_text() == hostile_secret
     assert not run_module("inference_files", files(dirs, unit_text=hostile_unit, secret=hostile_secret))["changed"]
+
+
+PROGRAMS = {"prestart_clean.py": "import sys\nprint('{{ not a template }}')\n",
+            "ansible_collections/cleanslate/gpu/plugins/module_utils/_leftovers.py": "X = 1\n"}
+
+
+def test_programs_are_root_s_in_directories_made_root_s_and_a_second_run_changes_nothing(dirs, tmp_path):
+    """The pre-start cleanup that root runs: written byte for byte (braces never templated), 0644 root's,
+    its missing directories made 0755 root's; check mode makes nothing; a second run changes nothing."""
+    top = tmp_path / "libexec" / "cleanslate-gpu"
+    args = dict(files(dirs), programs={"dir": str(top), "files": PROGRAMS})
+    checked = run_module("inference_files", args, check=True)
+    assert checked["rc"] == 0 and checked["changed"] and not top.parent.exists(), checked
+    first = run_module("inference_files", args)
+    assert first["rc"] == 0 and first["changed"], first
+    for relative, text in PROGRAMS.items():
+        assert (top / relative).read_text() == text
+        info = (top / relative).stat()
+        assert (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) == (0o644, 0, 0)
+    made = [one["path"] for one in first["programs"] if one["action"] == "made"]
+    assert str(top.parent) in made and str(top / "ansible_collections/cleanslate/gpu/plugins/module_utils") in made
+    for path in made:
+        info = os.stat(path)
+        assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o755, 0), path
+    again = run_module("inference_files", args)
+    assert again["rc"] == 0 and not again["changed"], again
+    assert {one["action"] for one in again["programs"]} == {"unchanged"}
+
+
+@pytest.mark.parametrize("how", ["writable by others", "owned by another user"])
+def test_a_program_directory_another_user_could_change_is_refused_and_nothing_is_written(dirs, tmp_path, how):
+    """Root would run whatever that user puts there: refused in one sentence, and no file (the unit's
+    neither) is written."""
+    top = tmp_path / "libexec"
+    top.mkdir(mode=0o755)
+    if how == "writable by others":
+        top.chmod(0o777)
+    else:
+        os.chown(top, 65534, 65534)
+    units, config = dirs
+    result = run_module("inference_files", dict(files(dirs), programs={"dir": str(top), "files": PROGRAMS}))
+    assert result["rc"] != 0 and "another user could change" in result["msg"] and "\n" not in result["msg"], result
+    assert listing(top) == [] and listing(units) == [] and listing(config) == []
+
+
+def test_a_program_path_that_climbs_out_of_its_directory_is_refused(dirs, tmp_path):
+    result = run_module("inference_files", dict(files(dirs), programs={"dir": str(tmp_path / "p"),
+                                                                        "files": {"../evil.py": "x = 1\n"}}))
+    assert result["rc"] != 0 and "not a relative file path" in result["msg"], result
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "p").exists()
