@@ -25,6 +25,7 @@ from tests.integration.fleet.reports import play, rows_by_host
 
 UNIT = "inference-server.service"
 HOSTS = ("node1", "node2", "node3")
+REPO = Path(__file__).resolve().parents[2]
 # Every character the EnvironmentFile must escape, and a % that systemd would expand.
 API_KEY = 'sk-te$t "q" \\b%x `y`'
 HF_TOKEN = "hf_SeCrEtToKeN0123456789"
@@ -226,6 +227,21 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(served):
     for name, row in rows_by_host(report).items():
         assert row["service"]["status"] == "ready" and row["service"]["ready_s"] is None
         assert row["status"] == "ok" and row["killed"] == 0  # healthy: no reset
+
+
+def test_a_changed_pre_start_program_is_written_again_without_a_restart(served):
+    """The unit's pre-start cleanup serves the next start: a new one (a collection upgrade, or a hand
+    edit on the host) is written back, and the running server keeps running."""
+    program = served.fleet.hosts["node2"].root / "usr/local/libexec/cleanslate-gpu/prestart_clean.py"
+    wanted = (REPO / "roles/inference_service/files/prestart_clean.py").read_bytes()
+    assert program.read_bytes() == wanted
+    program.write_bytes(wanted + b"# edited on the host\n")
+    before = {name: served.main_pid(name) for name in HOSTS}
+    proc, _report = served.play()
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert program.read_bytes() == wanted
+    assert {name: served.main_pid(name) for name in HOSTS} == before
+    assert recap(proc.stdout)["node2"]["changed"] == 1 and recap(proc.stdout)["node1"]["changed"] == 0
 
 
 def test_a_variable_change_restarts_each_host_exactly_once(served):
