@@ -21,6 +21,7 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._module_answer import lift_messages
 
 # The order of the reset, and why, is the steps' registry's (plugin_utils/_node_reset_steps.py).
 STEPS = _steps.MODULES
@@ -59,10 +60,7 @@ class ActionModule(ActionBase):
                 return result
             steps[name] = answer
             result["changed"] = result["changed"] or bool(answer.get("changed"))
-            # A task of its own would print these: lift them to the task, where the callback looks.
-            for key in ("warnings", "deprecations"):
-                if answer.get(key):
-                    result.setdefault(key, []).extend(answer[key])
+            lift_messages(answer, result)
             if answer.get("diff"):
                 # shm_clean with tmp_path answers two diffs, one per directory.
                 diffs.extend(answer["diff"] if isinstance(answer["diff"], list) else [answer["diff"]])

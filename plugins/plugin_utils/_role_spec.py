@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Mapping
 
 import yaml
 
@@ -54,6 +55,15 @@ def load_spec(role: str, entry: str = "main") -> dict:
 def shown(value) -> str:
     """The value as Ansible's to_json shows it (non-ASCII escaped): one line, whatever it holds."""
     return json.dumps(value, default=str)
+
+
+def as_list(value) -> list:
+    """A list variable as Ansible reads `-e name=a,b`: a string is split at commas."""
+    if isinstance(value, str):
+        return value.split(",")
+    if isinstance(value, Mapping) or not hasattr(value, "__iter__"):
+        return [value]
+    return list(value)
 
 
 def as_number(value):

@@ -154,6 +154,22 @@ def test_report_tells_an_unreachable_host_from_a_failed_one(crashed_node, tmp_pa
     assert rows["dead-ct"]["status"] == "swept-unreachable", rows["dead-ct"]
 
 
+def test_a_metrics_file_that_cannot_be_written_leaves_the_reset_ok_and_says_why_once(crashed_node, tmp_path):
+    """Issue 42: the task that records node_reset_result writes the metrics too. A write that fails
+    (the previous file cannot be read: a directory in its place) leaves the reset ok and counted as
+    it was: nothing fails or is ignored, and one warning says why."""
+    collector = tmp_path / "collector"
+    (collector / "cleanslate_gpu_node_reset.prom").mkdir(parents=True)
+    proc, row = _playbook("reset", crashed_node, tmp_path, node_reset_metrics_dir=str(collector))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert row["status"] == "ok" and row["killed"] > 0, row
+    recap = proc.stdout.split("PLAY RECAP")[-1]
+    assert "failed=0" in recap and "ignored=0" in recap, recap
+    said = re.findall(r"the metrics file for node_exporter was not written \((.+?)\); the reset's result stands",
+                      re.sub(r"\s+", " ", proc.stdout + proc.stderr))
+    assert len(said) == 1 and "cannot read the previous" in said[0], (said, proc.stdout[-3000:])
+
+
 def test_reset_in_check_mode_touches_nothing_exits_0_and_does_not_wait_for_the_gpus(crashed_node, tmp_path):
     """`reset.yml --check` on a dirty node: nothing signalled or removed, exit 0, and NVML is read
     once instead of polled for node_reset_nvml_verify_timeout (nothing was stopped, nothing drains)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.cleanslate.gpu.plugins.filter.metrics import FAMILIES, PREFIX
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._metric_families import FAMILIES, PREFIX
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._heal_breaker import metric_families
 
 REPO = Path(__file__).resolve().parents[2]

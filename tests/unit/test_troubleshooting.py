@@ -155,7 +155,7 @@ def _statuses() -> set:
     """node_reset's statuses (what its status function returns) and the others a row or a
     result is given (a "status" key)."""
     found = set()
-    for source in ("plugins/filter/node_reset.py", "plugins/action/fleet_report.py", "plugins/plugin_utils/_report_rows.py",
+    for source in ("plugins/plugin_utils/_node_reset_result.py", "plugins/action/fleet_report.py", "plugins/plugin_utils/_report_rows.py",
                    "plugins/action/inference_ready.py"):
         tree = ast.parse((REPO / source).read_text())
         values = []
