@@ -13,6 +13,13 @@ The steps run in the design's order and stop at the first one that fails (its na
 `failed_step`) or finds the host gone (the result is then unreachable, with the steps done so
 far). nvml_verify is the last step: its failure (GPUs still in use) fails the task too, with
 every step's result kept.
+
+With `record`, the same task then computes the role's result (node_reset_result's Python) and, for a
+host that answered, writes it for node_exporter's textfile collector through textfile_metrics: the
+task that already runs on the host writes the metrics, so a host with metrics on costs the
+controller no more tasks than one without (docs/fleet_scale.md). A metrics file that cannot be
+written is a warning, never the reset's outcome. The role's set_fact of node_reset_result runs the
+same Python on the same results (the role's tasks/result.yml).
 """
 
 from __future__ import annotations
@@ -21,13 +28,19 @@ from ansible.errors import AnsibleConnectionFailure
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _node_reset_steps as _steps
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._metric_families import metric_families
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._module_answer import lift_messages
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._node_reset_result import node_reset_result
 
 # The order of the reset, and why, is the steps' registry's (plugin_utils/_node_reset_steps.py).
 STEPS = _steps.MODULES
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
-ARGUMENT_SPEC = {name: {"type": "dict"} for name in STEPS}
+ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, record={"type": "dict", "options": {
+    "steps": {"type": "dict", "required": True}, "result": {"type": "dict", "required": True},
+    "metrics_dir": {"type": "path", "required": True}}})
+# A host in these states was not reached: no metrics file is written there.
+UNREACHED = ("unreachable", "swept-unreachable")
 
 
 class ActionModule(ActionBase):
@@ -40,6 +53,12 @@ class ActionModule(ActionBase):
         del tmp  # each module run makes and removes its own
         dummy, args = self.validate_argument_spec(
             argument_spec=ARGUMENT_SPEC, required_one_of=[list(STEPS)])
+        result = self._run_steps(args, task_vars, result)
+        if args["record"] is not None:
+            self._record(args["record"], result, task_vars)
+        return result
+
+    def _run_steps(self, args, task_vars, result):
         steps, diffs = {}, []
         result.update(changed=False, steps=steps)
         for name in STEPS:
@@ -71,6 +90,29 @@ class ActionModule(ActionBase):
         if diffs:
             result["diff"] = diffs
         return result
+
+    def _record(self, record, result, task_vars):
+        """node_reset_result from the earlier steps' results and these (a failed step as the role's
+        rescue names it), written on a host that answered (result['metrics'], or a warning)."""
+        failed = {"failed_step": result["failed_step"], "failed_result": dict(result)} if result.get("failed_step") else {}
+        recorded = node_reset_result(dict(record["steps"], **result["steps"]), **dict(record["result"], **failed))
+        if recorded["status"] in UNREACHED:
+            return
+        metrics = metric_families(recorded, role="node_reset", host=recorded["host"])
+        try:
+            answer = self._execute_module(
+                module_name="cleanslate.gpu.textfile_metrics", task_vars=task_vars,
+                module_args={"path": record["metrics_dir"], "name": metrics["name"], "families": metrics["families"]})
+        except AnsibleConnectionFailure as exc:
+            answer = {"unreachable": True, "msg": str(exc)}
+        result["metrics"] = answer
+        lift_messages(answer, result)
+        if answer.get("failed") or answer.get("unreachable"):
+            result.setdefault("warnings", []).append(
+                "the metrics file for node_exporter was not written (%s); the reset's result stands"
+                % answer.get("msg", "no reason given"))
+        elif answer.get("diff"):
+            result.setdefault("diff", []).append(answer["diff"])
 
     def _look_at_leftovers(self, shm_args, task_vars, steps):
         """shm_clean in check mode before anything is signalled: steps['shm_before'] keeps who held

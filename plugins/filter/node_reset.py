@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The node_reset role's two computations, in Python: the checks of its variables and its result
-(plugin_utils/_node_reset_result.py, which the action cleanslate.gpu.node_reset_record runs too).
+(plugin_utils/_node_reset_result.py, which the action cleanslate.gpu.reset_steps runs too).
 
 Filters, not Jinja in set_fact tasks: a few milliseconds per host, and the rules read as code
 (fewer tasks: docs/design.md#why-tasks-are-few).

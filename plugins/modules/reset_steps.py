@@ -52,8 +52,30 @@ options:
   nvml_verify:
     description: The arguments of M(cleanslate.gpu.nvml_verify). Omitted, the step is not run.
     type: dict
+  record:
+    description:
+      - After the steps, the role C(cleanslate.gpu.node_reset)'s result, computed as the filter
+        C(cleanslate.gpu.node_reset_result) computes it, written on the host for node_exporter's textfile collector as
+        M(cleanslate.gpu.textfile_metrics) would write it in a task of its own (check and diff mode too), unless the host
+        did not answer. The task that already runs on the host writes the metrics, so a host with metrics on costs the
+        controller no more tasks than one without (the collection's C(docs/fleet_scale.md)).
+      - A metrics file that cannot be written never changes the steps' outcome; a warning says why.
+    type: dict
+    suboptions:
+      steps:
+        description: The results the role registered before these steps, by name (the filter's first argument, but the steps' own).
+        type: dict
+        required: true
+      result:
+        description: The filter's other arguments (C(host), C(kind), C(read_only), C(invalid), C(started), C(unit), C(units)).
+        type: dict
+        required: true
+      metrics_dir:
+        description: The collector's directory on the host.
+        type: path
+        required: true
 notes:
-  - At least one option must be given.
+  - At least one of the steps must be given.
 seealso:
   - module: cleanslate.gpu.pycache_purge
   - module: cleanslate.gpu.gpu_reset
@@ -93,6 +115,11 @@ steps:
   sample:
     gpu_reset: {changed: true, killed: [{pid: 4242, name: python3}], elapsed_s: 3.1}
     shm_clean: {changed: true, removed: [{path: /dev/shm/psm_1a2b}], bytes_freed: 1048576, elapsed_s: 0.01}
+metrics:
+  description: The answer of M(cleanslate.gpu.textfile_metrics) (with O(record)); absent when it did not run (no O(record), or a host that did not answer).
+  returned: with O(record), when the host answered
+  type: dict
+  sample: {changed: true, path: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom}
 failed_step:
   description: The step that failed or found the host gone; the steps after it did not run.
   returned: when a step failed

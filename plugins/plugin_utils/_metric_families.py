@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The roles' results as Prometheus metric families, for cleanslate.gpu.textfile_metrics: the filter
-cleanslate.gpu.metric_families, and the action cleanslate.gpu.node_reset_record (node_reset's file).
+cleanslate.gpu.metric_families, and the action cleanslate.gpu.reset_steps (node_reset's file, written after its steps).
 
 The figures are the fleet report's (plugin_utils/_report_rows.host_row: MiB freed per GPU, seconds per step),
 so a dashboard and the report never disagree. Every family's name, type and HELP come from

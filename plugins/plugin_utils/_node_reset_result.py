@@ -4,7 +4,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """node_reset_result, the node_reset role's result, from its steps' registered results: the
-filter cleanslate.gpu.node_reset_result and the action cleanslate.gpu.node_reset_record (which
+filter cleanslate.gpu.node_reset_result and the action cleanslate.gpu.reset_steps (which
 also writes it for node_exporter, in the same task) both run this."""
 
 from __future__ import annotations
