@@ -39,6 +39,7 @@ from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS  # noqa: E402
 from tests.integration.fleet import Fleet, engines  # noqa: E402
 from tests.integration.test_several_servers_fleet import (  # noqa: E402
     GPUS, HOST, INSTANCES, Node, break_api, unit)
+from bench import provenance  # noqa: E402
 
 OUT = REPO / "build" / "bench" / "instances.json"
 LAYOUTS = {"one": ("a",), "four": tuple(INSTANCES)}
@@ -89,7 +90,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    doc = measure(args.repeat)
+    measured_on = provenance.begin("instances")
+    doc = dict(measure(args.repeat), measured_on=provenance.end(measured_on))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"one broken server alone: {doc['median_wall_s']['one']:.1f} s; beside three healthy: "
