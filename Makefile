@@ -184,7 +184,9 @@ sim-node-clean: $(SETUP) ## 2 s | kill and remove the simulated node
 	$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null
 	rm -f $(BUILD)/sim-node.json
 
-bench: $(SETUP) ## 15 min | timings against the manual ritual and the fleet-scale table (build/bench)
+# `make bench`'s 9 min: its benches timed one by one (python -m bench --only NAME, build/bench/summary.json's
+# "seconds") at a 1-min load average of 0.1 to 3 (the fleet's 24 hosts take it to 15) on 2 cores, 2026-12-05.
+bench: $(SETUP) ## 9 min | timings against the manual ritual and the fleet-scale table (build/bench), each bench's tree and load; measured at load 2-3
 	$(PY) -m bench
 
 bench-quick: $(SETUP) ## 3 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table
