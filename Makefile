@@ -189,7 +189,7 @@ sim-node-clean: $(SETUP) ## 2 s | kill and remove the simulated node
 bench: $(SETUP) ## 9 min | timings against the manual ritual and the fleet-scale table (build/bench), each bench's tree and load; measured at load 2-3
 	$(PY) -m bench
 
-bench-quick: $(SETUP) ## 3 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table
+bench-quick: $(SETUP) ## 4.5 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table; 264 s at load 1-2
 	$(PY) -m bench --quick
 
 # The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from

@@ -10,7 +10,7 @@ Under it, each bench's tree and load (its JSON's "measured_on", bench/provenance
     .venv/bin/python -m bench [--quick] [--only NAME ...]
 
 --quick runs each bench in its smallest honest form (QUICK below: one round, fewer hosts), a single
-figure per row in a couple of minutes; its figures say less than the full run's medians.
+figure per row in about 4.5 minutes (264 s at load 1 to 2); its figures say less than the full run's medians.
 """
 from __future__ import annotations
 
