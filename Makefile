@@ -23,7 +23,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # What the targets below set up first: `make check` runs them on `prepared` (no apt step).
 SETUP := setup
 
-.PHONY: help check prepared os-deps-demo setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint mutate bench gpu-wheels clean \
+.PHONY: help check prepared os-deps-demo setup os-deps demo test sanity pytest unit functional coverage release integration hostile security lint mutate bench bench-quick gpu-wheels clean \
 	dist ee versions versions-ci changelog-release engine-venvs flag-data sim-node sim-node-clean rulebook \
 	generate check-generated vllm-cpu
 
@@ -184,8 +184,13 @@ sim-node-clean: $(SETUP) ## 2 s | kill and remove the simulated node
 	$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null
 	rm -f $(BUILD)/sim-node.json
 
-bench: $(SETUP) ## 15 min | timings against the manual ritual and the fleet-scale table (build/bench)
+# `make bench`'s 9 min: its benches timed one by one (python -m bench --only NAME, build/bench/summary.json's
+# "seconds") at a 1-min load average of 0.1 to 3 (the fleet's 24 hosts take it to 15) on 2 cores, 2026-12-05.
+bench: $(SETUP) ## 9 min | timings against the manual ritual and the fleet-scale table (build/bench), each bench's tree and load; measured at load 2-3
 	$(PY) -m bench
+
+bench-quick: $(SETUP) ## 4.5 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table; 264 s at load 1-2
+	$(PY) -m bench --quick
 
 # The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from
 # the files git sees (tools/dist.py): a user's own inventory/*.yml (.gitignore) is never packed.

@@ -60,6 +60,7 @@ from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, HOST_TESTS  #
 from tests.integration.fleet import Fleet  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet.cgroups import Cgroup  # noqa: E402  pylint: disable=wrong-import-position
 from tests.sim.role_vars import node_reset_vars  # noqa: E402  pylint: disable=wrong-import-position
+from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 DEFAULT_HOSTS = 24
 GRACE = 3  # node_reset_vars' grace period: the ritual waits as long
@@ -363,6 +364,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.hosts <= 200 or args.repeat < 1:
         parser.error("--hosts (FLEET_HOSTS) must be 1 to 200 and --repeat at least 1")
+    measured_on = provenance.begin("fleet", versus=args.versus)
     out = REPO / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     lib = build_library(REPO / "build" / "fake_nvml")
@@ -381,7 +383,7 @@ def main(argv=None) -> int:
             fleet.down()
     doc = dict(docs[0], fleet_boot=boot, command=" ".join(["FLEET_HOSTS=%d" % args.hosts, ".venv/bin/python",
                                                            "bench/bench_fleet.py"] + (argv or sys.argv[1:])),
-               variants=docs[1:])
+               variants=docs[1:], measured_on=provenance.end(measured_on))
     (out / "fleet.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     for one in docs:
         print("\n%s %s" % (one["repo"], " ".join("%s=%s" % item for item in [*one["env"].items(), *one["vars"].items()])))

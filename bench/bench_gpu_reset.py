@@ -40,6 +40,7 @@ from tests import sim  # noqa: E402
 from tests.fixtures.fake_nvml import build_library  # noqa: E402
 from tests.run_module import ensure_collection_link, run_module  # noqa: E402
 from tests.sim.procinfo import same_process  # noqa: E402
+from bench import provenance  # noqa: E402
 
 ensure_collection_link()
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs  # noqa: E402
@@ -186,6 +187,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if shutil.which("fuser") is None:
         raise SystemExit("fuser (psmisc) is needed for the ritual and the scan baseline")
+    measured_on = provenance.begin("gpu_reset")
 
     reset = bench_reset(args.repeat)
     scan = bench_scan(args.repeat, args.procs)
@@ -210,7 +212,8 @@ def main(argv=None):
           % reset["module_elapsed_median_s"])
     OUT.mkdir(parents=True, exist_ok=True)
     report = {"host": {"python": platform.python_version(), "cpus": os.cpu_count(), "kernel": platform.release()},
-              "repeat": args.repeat, "reset": reset, "scan": scan, "summary": summary}
+              "repeat": args.repeat, "reset": reset, "scan": scan, "summary": summary,
+              "measured_on": provenance.end(measured_on)}
     (OUT / "gpu_reset.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -21,10 +21,14 @@ The target, within 1.5x the ritual, is on "crash to serving again": the ritual e
 answer, and so did the run that issue 26's 9.5 s against 4.4 s timed ("crashed host to the first
 completion", before the stability window existed). The end of the run is shown without a target.
 
-Grace period 3 s for both. JSON: build/bench/inference_service.json (every round's figures and
-phases, their medians, the uptime load beside each round).
+  versus    (--versus CHECKOUT) the same crash -> that checkout's reset_and_serve.yml (cwd the
+            checkout: its playbooks, roles and collection link), in the same round, on the same host,
+            so that today's tree and another one are measured under the same load
 
-    .venv/bin/python bench/bench_inference_service.py [--repeat 3] [--stable-s 0]
+Grace period 3 s for both. JSON: build/bench/inference_service.json (every round's figures and
+phases, their medians, the uptime load beside each round, the trees measured and the load).
+
+    .venv/bin/python bench/bench_inference_service.py [--repeat 3] [--stable-s 0] [--versus CHECKOUT]
 
 --stable-s 0 times the runs without the stability window (JSON: inference_service-stable-0.json), a
 figure reported apart from the default's.
@@ -48,6 +52,7 @@ sys.path.insert(0, str(REPO))
 from tests.fixtures.fake_nvml import build_library  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import Fleet, engines  # noqa: E402  pylint: disable=wrong-import-position
+from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 GRACE = 3
 POLL = 1.0
@@ -100,18 +105,18 @@ def playbook(fleet, reports: Path) -> float:
     return profiled_playbook(fleet, reports)["seconds"]
 
 
-def profiled_playbook(fleet, reports: Path) -> dict:
-    """One run: its wall time, when it served again, the seconds of each phase and task."""
+def profiled_playbook(fleet, reports: Path, repo: Path = REPO) -> dict:
+    """One run of `repo`'s playbook: its wall time, when it served again, the seconds of each phase and task."""
     tasks_file = reports.parent / "task_seconds.json"
     tasks_file.unlink(missing_ok=True)
     env = dict(os.environ, ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS), ANSIBLE_CALLBACKS_ENABLED="task_seconds",
                BENCH_TASK_SECONDS=str(tasks_file))
     started = time.monotonic()
     proc = subprocess.run(PLAYBOOK + ["-i", str(fleet.inventory), "-l", "node1", "-e", f"fleet_report_path={reports}"],
-                          cwd=REPO, capture_output=True, text=True, check=False, env=env)
+                          cwd=repo, capture_output=True, text=True, check=False, env=env)
     seconds = time.monotonic() - started
     if proc.returncode != 0:
-        raise SystemExit(f"reset_and_serve.yml failed:\n{proc.stdout[-4000:]}")
+        raise SystemExit(f"{repo}: reset_and_serve.yml failed:\n{proc.stdout[-4000:]}")
     timed = json.loads(tasks_file.read_text())
     service = json.loads(sorted(reports.glob("reset_and_serve-*.json"))[-1].read_text())["hosts"][0]["service"]
     phases = {"ansible start": round(seconds - timed["total_s"], 3)}
@@ -154,6 +159,17 @@ def latency(fleet, reports: Path) -> float:
     return gate_ready - engine_ready
 
 
+def versus_rows(med: dict, labels: list) -> list:
+    """Each other checkout's two figures against ours, measured in the same rounds (baseline: that tree)."""
+    rows = []
+    for label in labels:
+        for measure, key in (("crash to serving", "_serving"), ("crash to end of run", "")):
+            rows.append({"measure": f"serve: {measure}, vs another tree", "ours_s": med["ours" + key],
+                         "baseline": label, "baseline_s": med[label + key],
+                         "ratio": med["ours" + key] / med[label + key], "target": None, "met": None})
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
@@ -161,12 +177,27 @@ def main():
     # a figure reported apart (docs/inference_service.md, "Measured"), never the default.
     parser.add_argument("--stable-s", type=float, default=None,
                         help="inference_service_stable_s for the timed runs (default: the role's, 5 s)")
+    parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
+                        help="also run another checkout's reset_and_serve.yml in each round, on the same host")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    checkouts = [Path(path).resolve() for path in args.versus]
+    missing = [str(path) for path in checkouts if not (path / "playbooks" / "reset_and_serve.yml").is_file()]
+    if missing:
+        parser.error("--versus %s: no playbooks/reset_and_serve.yml there" % ", ".join(missing))
+    if len(set(checkouts)) < len(checkouts) or REPO in checkouts:
+        parser.error("--versus: each checkout once, and not this one")
+    measured_on = provenance.begin("inference_service", versus=checkouts)
+    # The other trees' figures go by their tree and folder, e.g. "7f8f175 (base)".
+    labels = ["%s (%s)" % (tree["label"], Path(tree["path"]).name) for tree in measured_on["versus"]]
     role_vars = dict(ROLE_VARS) if args.stable_s is None else dict(ROLE_VARS, inference_service_stable_s=args.stable_s)
     out = REPO / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     lib = build_library(REPO / "build" / "fake_nvml")
     times = {"ours": [], "ours_serving": [], "ritual": [], "latency": []}
+    for label in labels:
+        times.update({label: [], f"{label}_serving": []})
     rounds = []
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         fleet = Fleet(Path(tmp) / "fleet", hosts=1, copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
@@ -182,17 +213,24 @@ def main():
                 ours = profiled_playbook(fleet, reports)
                 times["ours"].append(ours["seconds"])
                 times["ours_serving"].append(ours["serving_s"])
+                others = {}
+                for label, checkout in zip(labels, checkouts):
+                    crash(fleet)
+                    others[label] = profiled_playbook(fleet, reports, checkout)
+                    times[label].append(others[label]["seconds"])
+                    times[f"{label}_serving"].append(others[label]["serving_s"])
                 crash(fleet)
                 times["ritual"].append(ritual(fleet))
                 times["latency"].append(latency(fleet, reports))
-                rounds.append(dict(ours, ritual_s=times["ritual"][-1], load=os.getloadavg()[0]))
+                rounds.append(dict(ours, ritual_s=times["ritual"][-1], load=os.getloadavg()[0], versus=others))
         finally:
             fleet.run("node1", ["systemctl", "stop", UNIT, "crashed-vllm.service"], check=False)
             boot = dict(fleet.timings)
             fleet.down()
     med = {key: statistics.median(values) for key, values in times.items()}
     phases = {name: statistics.median(one["phases"].get(name, 0.0) for one in rounds) for name in rounds[0]["phases"]}
-    report = {"times_s": times, "median_s": med, "stable_s": args.stable_s, "fleet_boot": boot, "grace_period_s": GRACE, "poll_interval_s": POLL,
+    report = {"times_s": times, "median_s": med, "stable_s": args.stable_s, "fleet_boot": boot,
+              "grace_period_s": GRACE, "poll_interval_s": POLL, "measured_on": provenance.end(measured_on),
               "phases_median_s": phases, "rounds": rounds,
               # The ritual ends at its first answer; so does the target's measure (issue 26's 1.5x, set
               # against "crashed host to the first completion"). The run's end adds the stability
@@ -209,6 +247,7 @@ def main():
                    "baseline": "one poll interval", "baseline_s": POLL, "ratio": med["latency"] / POLL,
                    "target": "<= %.1f s (every round)" % POLL, "met": max(times["latency"]) <= POLL},
               ]}
+    report["summary"] += versus_rows(med, labels)
     name = "inference_service.json" if args.stable_s is None else "inference_service-stable-%g.json" % args.stable_s
     (out / name).write_text(json.dumps(report, indent=2))
     for key, value in med.items():

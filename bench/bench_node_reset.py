@@ -31,6 +31,7 @@ from tests.fixtures.fake_nvml import build_library  # noqa: E402  pylint: disabl
 from tests.integration.conftest import HOST_NVML_LIB, HOST_PARENT, HOST_TESTS  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import Fleet  # noqa: E402  pylint: disable=wrong-import-position
 from bench.bench_fleet import GRACE, crash, ritual_script  # noqa: E402  pylint: disable=wrong-import-position
+from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 PLAYBOOK = [str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/reset.yml"]
 
@@ -61,6 +62,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
+    measured_on = provenance.begin("node_reset")
     out = REPO / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     lib = build_library(REPO / "build" / "fake_nvml")
@@ -87,7 +89,7 @@ def main():
             fleet.down()
     med = {key: statistics.median(values) for key, values in times.items()}
     report = {"times_s": times, "median_s": med, "fleet_boot": boot, "grace_period_s": GRACE,
-              "ritual_has_fuser": psmisc,
+              "ritual_has_fuser": psmisc, "measured_on": provenance.end(measured_on),
               "summary": [
                   {"measure": "reset.yml, 1 crashed host", "ours_s": med["reset_1"], "baseline": None,
                    "baseline_s": None, "ratio": None, "target": "< 10 s per host", "met": med["reset_1"] < 10},

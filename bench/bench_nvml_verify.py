@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from tests.fixtures.fake_nvml import FakeNvml, build_library  # noqa: E402  pylint: disable=wrong-import-position
 from tests.run_module import run_module  # noqa: E402  pylint: disable=wrong-import-position
+from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 GPUS = 8
 HOLD_MIB = 70000
@@ -183,6 +184,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--slow-call", type=float, default=1.9, help="seconds per NVML call in the slow case")
     args = parser.parse_args()
+    measured_on = provenance.begin("nvml_verify")
     slow_timeout = 1.0
     rng = random.Random(args.seed)
     lib_dir = build_library(REPO / "build" / "fake_nvml")
@@ -204,6 +206,7 @@ def main():
         "ratio_ritual_over_module": round(statistics.median(ritual) / statistics.median(module), 1),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
     }
+    report["measured_on"] = provenance.end(measured_on)
     report["module_meets_target"] = report["module"]["median_s"] < report["target_s"]
     report["slow_nvml"] = {
         "seconds_per_call": args.slow_call, "timeout_s": slow_timeout, "target_s": slow_timeout + 1,

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.run_module import run_module  # noqa: E402
+from bench import provenance  # noqa: E402
 
 BENCH = REPO / "build" / "bench"
 TREE = BENCH / "pycache_site"
@@ -153,6 +154,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
+    measured_on = provenance.begin("pycache_purge")
     stamp = build(args.files, args.rebuild)
     py_files = stamp["py_files"]
     per_k = 1000.0 / py_files
@@ -195,6 +197,7 @@ def main():
                                 "auto_per_1000_files_s": auto_s * 1000.0 / max(1, auto["checked"])},
         "target_s": TARGET_S,
         "meets_target": best["real_s"] < TARGET_S,
+        "measured_on": provenance.end(measured_on),
     }
     median_real = statistics.median(row["real_s"] for row in rows)
     median_find = statistics.median(row["find_s"] for row in rows)

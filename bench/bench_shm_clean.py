@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from tests.run_module import run_module  # noqa: E402  pylint: disable=wrong-import-position
+from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
 
 PATTERNS = ["nccl-*", "psm_*", "sem.mp-*", "sem.loky-*", "torch_*", "*vllm*"]
 # One name per pattern family, in the shapes the real libraries use.
@@ -143,6 +144,7 @@ def main():
     if args.held > min(args.procs, args.leftovers):
         parser.error("--held must not exceed --procs or --leftovers")
 
+    measured_on = provenance.begin("shm_clean")
     directory = Path(tempfile.mkdtemp(prefix="cleanslate-bench-", dir="/dev/shm"))
     leftover_names = names(args.leftovers)
     held_names = leftover_names[::max(1, args.leftovers // max(1, args.held))][:args.held]
@@ -182,6 +184,7 @@ def main():
         "ratio_module_work_to_rm": (median["module"] - median["startup"]) / median["rm -f"],
         "in_use_deleted": {key: max(values) for key, values in deleted_in_use.items()},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release()},
+        "measured_on": provenance.end(measured_on),
     }
     report["summary"] = [{
         "measure": "shm_clean, %d leftovers, %d procs" % (args.leftovers, args.procs), "ours_s": median["module"],
