@@ -4,6 +4,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The reset's module steps in one task: pycache_purge, gpu_reset, shm_clean, nvml_verify.
+With `evidence`, cleanslate.gpu.evidence first keeps what the signals would destroy (after
+pycache_purge, before anything else), when no task signalled before this one (a unit stop).
 
 Each step is its module, run on the host as a task of its own would run it (the same
 arguments, environment, check and diff mode); one task instead of four (fewer tasks:
@@ -36,7 +38,7 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._node_reset_result 
 STEPS = _steps.MODULES
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
-ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, record={"type": "dict", "options": {
+ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, evidence={"type": "dict"}, record={"type": "dict", "options": {
     "steps": {"type": "dict", "required": True}, "result": {"type": "dict", "required": True},
     "metrics_dir": {"type": "path", "required": True}}})
 # A host in these states was not reached: no metrics file is written there.
@@ -61,9 +63,7 @@ class ActionModule(ActionBase):
     def _run_steps(self, args, task_vars, result):
         steps, diffs = {}, []
         result.update(changed=False, steps=steps)
-        for name in STEPS:
-            if args[name] is None:
-                continue
+        for name in self._order(args):
             if name == "gpu_reset" and args["shm_clean"] is not None and not self._task.check_mode:
                 if not self._look_at_leftovers(args["shm_clean"], task_vars, steps):
                     result.update(unreachable=True, msg=steps["shm_before"]["msg"], failed_step="unreachable")
@@ -83,13 +83,23 @@ class ActionModule(ActionBase):
             if answer.get("diff"):
                 # shm_clean with tmp_path answers two diffs, one per directory.
                 diffs.extend(answer["diff"] if isinstance(answer["diff"], list) else [answer["diff"]])
-            if answer.get("failed"):
+            if answer.get("failed") and name != "evidence":
                 result.update({key: answer[key] for key in FAILURE_KEYS if key in answer})
                 result.update(failed=True, failed_step=name)
                 break
         if diffs:
             result["diff"] = diffs
         return result
+
+    @staticmethod
+    def _order(args) -> list:
+        """The steps given, in the registry's order, the evidence before the first signal: after
+        pycache_purge, whose refusal of a target signals nothing and leaves the host untouched. A
+        failure to keep the evidence never holds the reset back (its result says it)."""
+        order = [name for name in STEPS if args[name] is not None]
+        if args["evidence"] is not None:
+            order.insert(1 if order[:1] == ["pycache_purge"] else 0, "evidence")
+        return order
 
     def _record(self, record, result, task_vars):
         """node_reset_result from the earlier steps' results and these (a failed step as the role's
