@@ -80,6 +80,10 @@ def main(argv=None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     scripts = sorted((REPO / "bench").glob("bench_*.py"))
     if args.only:
+        names = [s.stem[len("bench_"):] for s in scripts]
+        unknown = [name for name in args.only if name not in names]
+        if unknown:
+            parser.error("--only %s: no such bench; the benches are %s" % (", ".join(unknown), ", ".join(names)))
         scripts = [s for s in scripts if s.stem[len("bench_"):] in args.only]
     results = [run(script, args.quick) for script in scripts]
     rows = []

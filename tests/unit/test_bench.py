@@ -61,3 +61,16 @@ def test_quick_gives_every_bench_its_small_form_with_options_it_has():
         assert full == [sys.executable, str(script)] and quick[:2] == full and len(quick) > 2
         known = set(re.findall(r'add_argument\("(--[a-z-]+)"', script.read_text()))
         assert {arg for arg in quick[2:] if arg.startswith("--")} <= known, script.name
+
+
+def test_only_a_bench_that_does_not_exist_is_one_sentence_and_runs_nothing(capsys):
+    """A typo in --only used to run no bench and print an empty table, read as "nothing to measure"."""
+    from bench.__main__ import main  # pylint: disable=import-outside-toplevel
+    try:
+        main(["--only", "fleets"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("--only fleets ran")
+    err = capsys.readouterr().err
+    assert "--only fleets: no such bench" in err and "fleet," in err
