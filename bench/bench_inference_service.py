@@ -283,11 +283,13 @@ def main():
         print(f"{key:12s} {value:7.2f} s  (all: {', '.join('%.2f' % v for v in times[key])})")
     print("ours, host contacts per run (tasks a host ran, not on the controller alone): %s"
           % ", ".join(str(one["host_contacts"]) for one in rounds))
-    print("host contacts (ssh clients started) before serving again / in the run, per round: ours %s"
-          % ", ".join("%d/%d" % (one["ssh_contacts_to_serving"], one["ssh_contacts"]) for one in rounds)
-          + "".join("; %s %s" % (label, ", ".join("%d/%d" % (one["versus"][label]["ssh_contacts_to_serving"],
-                                                              one["versus"][label]["ssh_contacts"]) for one in rounds))
-                    for label in labels))
+
+    def contacts(runs) -> str:
+        return ", ".join("%d/%d" % (one["ssh_contacts_to_serving"], one["ssh_contacts"]) for one in runs)
+
+    print("host contacts (ssh clients started) before serving again / in the run, per round: ours %s%s"
+          % (contacts(rounds), "".join("; %s %s" % (label, contacts([one["versus"][label] for one in rounds]))
+                                       for label in labels)))
     print("ours, median seconds per phase:")
     for name, value in sorted(phases.items(), key=lambda item: -item[1]):
         print(f"  {name:24s} {value:6.2f}")

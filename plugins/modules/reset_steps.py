@@ -55,7 +55,7 @@ options:
   evidence:
     description:
       - The arguments of M(cleanslate.gpu.evidence), run after O(pycache_purge) and before every other step, so that
-        the evidence is kept before the first signal. Its failure never stops the steps (RV(steps.evidence) says it).
+        the evidence is kept before the first signal. Its failure never stops the steps (its result in RV(steps) says it).
       - Omitted, it is not run. The role C(cleanslate.gpu.node_reset) runs it here when no unit is stopped before the
         steps, and in a task of its own before that stop otherwise.
     type: dict

@@ -368,7 +368,7 @@ def test_a_program_directory_another_user_could_change_is_refused_and_nothing_is
 
 
 def test_a_program_path_that_climbs_out_of_its_directory_is_refused(dirs, tmp_path):
-    result = run_module("inference_files", dict(files(dirs), programs={"dir": str(tmp_path / "p"),
-                                                                        "files": {"../evil.py": "x = 1\n"}}))
+    programs = {"dir": str(tmp_path / "p"), "files": {"../evil.py": "x = 1\n"}}
+    result = run_module("inference_files", dict(files(dirs), programs=programs))
     assert result["rc"] != 0 and "not a relative file path" in result["msg"], result
     assert not (tmp_path / "evil.py").exists() and not (tmp_path / "p").exists()
