@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -73,6 +74,7 @@ def measure(repeat: int) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="bench-instances-"))
     fleet = Fleet(workdir / "fleet", hosts=1, gpus=GPUS, copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
     fleet.up()
+    node = None
     try:
         engines.install(fleet.hosts[HOST].root, gpus=GPUS)
         node = Node(fleet, workdir)
@@ -84,7 +86,11 @@ def measure(repeat: int) -> dict:
                 runs.append(timed_run(node, layout, served=bool(runs) and runs[-1]["layout"] == layout))
                 print(json.dumps(runs[-1]), flush=True)
     finally:
+        # The node's HAProxy runs on this machine, the fleet's files under workdir: neither outlives the bench.
+        if node is not None:
+            node.haproxy.stop()
         fleet.down()
+        shutil.rmtree(workdir, ignore_errors=True)
     median = {layout: statistics.median(run["wall_s"] for run in runs if run["layout"] == layout) for layout in LAYOUTS}
     per_extra = round((median["four"] - median["one"]) / (len(INSTANCES) - 1), 2)
     return {"repeat": repeat, "runs": runs, "median_wall_s": median,
