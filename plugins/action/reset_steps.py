@@ -109,12 +109,17 @@ class ActionModule(ActionBase):
         if recorded["status"] in UNREACHED:
             return
         metrics = metric_families(recorded, role="node_reset", host=recorded["host"])
+        # The run's check mode, not the steps': a verify runs its steps in check mode (they change
+        # nothing) and still writes its metrics, as the role's metrics task of its own does.
+        steps_check_mode, self._task.check_mode = self._task.check_mode, bool(task_vars.get("ansible_check_mode"))
         try:
             answer = self._execute_module(
                 module_name="cleanslate.gpu.textfile_metrics", task_vars=task_vars,
                 module_args={"path": record["metrics_dir"], "name": metrics["name"], "families": metrics["families"]})
         except AnsibleConnectionFailure as exc:
             answer = {"unreachable": True, "msg": str(exc)}
+        finally:
+            self._task.check_mode = steps_check_mode
         result["metrics"] = answer
         lift_messages(answer, result)
         if answer.get("failed") or answer.get("unreachable"):
