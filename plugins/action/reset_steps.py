@@ -104,7 +104,9 @@ class ActionModule(ActionBase):
     def _record(self, record, result, task_vars):
         """node_reset_result from the earlier steps' results and these (a failed step as the role's
         rescue names it), written on a host that answered (result['metrics'], or a warning)."""
-        failed = {"failed_step": result["failed_step"], "failed_result": dict(result)} if result.get("failed_step") else {}
+        # As the role's rescue names it: never the final check, whose failure is the result's own (`dirty`).
+        failed = ({"failed_step": result["failed_step"], "failed_result": dict(result)}
+                  if result.get("failed_step") not in (None, _steps.FINAL_CHECK) else {})
         recorded = node_reset_result(dict(record["steps"], **result["steps"]), **dict(record["result"], **failed))
         if recorded["status"] in UNREACHED:
             return

@@ -78,6 +78,10 @@ MODULE_STEPS = (
 )
 BY_MODULE = {step.module: step for step in MODULE_STEPS}
 MODULES = tuple(step.module for step in MODULE_STEPS)
+# The final check: its failure (GPUs still in use or unhealthy, an Xid) is the result's `dirty`
+# (or the Xid's status), not a failed step. The role's steps task does not fail on it (steps.yml's
+# failed_when), so no rescue names it, and the task's own record of the result must not either.
+FINAL_CHECK = MODULES[-1]
 
 # The role's own phases around the module steps, as node_reset_result.steps names them: the NVML
 # reading, the evidence and the unit stop before them (prepare.yml), the Proxmox node's sweep after them.

@@ -337,14 +337,20 @@ def test_gpus_that_stay_dirty_are_reported_dirty_with_the_reset_it_did(crashed_n
     `failed`), keeps what was stopped and freed, and the run fails after the report."""
     manifest = crashed_node
     FakeNvml(manifest["nvml"]["state_dir"]).inject("stuck_memory", gpu=1, mib=500)
+    collector = tmp_path / "collector"
+    collector.mkdir()
     proc, rows = _run("reset", {"simulated-node": LOCAL}, node_reset_vars(
-        manifest, node_reset_nvml_verify_timeout=1), tmp_path)
+        manifest, node_reset_nvml_verify_timeout=1, node_reset_metrics_dir=str(collector)), tmp_path)
     assert proc.returncode == 2, proc.stdout[-3000:]
     row = rows["simulated-node"]
     assert row["status"] == "dirty" and not row["ok"] and row["changed"], row
     assert row["killed"] >= len(manifest["processes"]["worker"]) and row["shm_bytes_freed"] > 0, row
     assert any("500 MiB" in problem for problem in row["problems"]), row["problems"]
     assert "simulated-node is dirty" in proc.stdout
+    # The metrics say what the report says (the steps task writes them: issue 42), not a failed step.
+    metrics = (collector / "cleanslate_gpu_node_reset.prom").read_text()
+    assert re.search(r'^cleanslate_gpu_run_status\{host="simulated-node",role="node_reset",status="dirty"\} 1$', metrics,
+                     re.M), metrics
 
 
 def test_a_step_that_fails_after_processes_were_stopped_is_reported_changed(crashed_node, tmp_path):
