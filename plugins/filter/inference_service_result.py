@@ -96,8 +96,8 @@ def _would(registered: Mapping) -> str:
     """What a run in check mode would do to the server."""
     if _changed(registered.get("restarted")):
         return "would restart"
-    lines = _mapping(registered.get("unit_state")).get("stdout_lines") or ["not-found"]
-    if _changed(registered.get("started")) or lines[0] == "not-found":
+    loaded = _mapping(registered.get("unit_state")).get("load_state") or "not-found"
+    if _changed(registered.get("started")) or loaded == "not-found":
         return "would start"
     return "would leave the server running"
 
@@ -107,8 +107,8 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
     """inference_service_result (see docs/inference_service.md) from what the role's tasks registered.
 
     `registered` maps args (inference_args), gate (inference_ready), restarted, started (the
-    systemd_service tasks) and unit_state (`systemctl show`) to their results ({} for a task that
-    did not run). `failed_stage` names the task that failed (`validate` or `unreachable`: before
+    systemd_service tasks) to their results ({} for a task that did not run) and unit_state to
+    {load_state} as inference_files read it (prepare_start). `failed_stage` names the task that failed (`validate` or `unreachable`: before
     anything was touched), `failed_result` is its result."""
     if not isinstance(registered, Mapping):
         raise TypeError("inference_service_result expects a mapping of the registered results, got %s"

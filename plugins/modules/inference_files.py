@@ -33,6 +33,12 @@ description:
     directory and each one above it must be root's and writable by root alone (the rule of the collection's
     C(plugins/module_utils/_trusted_dirs.py)); the missing ones are made, owned by root, mode C(0755). One that breaks
     the rule is refused, and nothing is written.
+  - With O(unit.prepare_start), the same host contact then reads the unit's C(LoadState) and C(ActiveState)
+    (C(systemctl show)) and, for a loaded unit that is not running, clears its failed state and start limit
+    (C(systemctl reset-failed)). A server that crashed C(StartLimitBurst) times within C(StartLimitIntervalSec)
+    would be refused by every start until its limit is cleared; the start that follows is an explicit one, not a
+    crash loop. A unit that systemd unloaded has no failed state or start limit left (C(not loaded)). The role reads
+    the state to choose between start, restart and leaving the server running.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -40,6 +46,7 @@ attributes:
   check_mode:
     details:
       - Nothing is written; RV(unit) and RV(secret_files) say what would be done and C(changed) whether anything would change.
+      - With O(unit.prepare_start), the unit's state is read, and no failed state is cleared.
   diff_mode:
     support: partial
     details:
@@ -80,6 +87,12 @@ options:
         description: The unit file's group, a group name or number.
         type: str
         default: root
+      prepare_start:
+        description:
+          - After the files, read the unit's state and clear the failed state and start limit of a loaded unit that is not
+            running (see the description). The unit's name is the file name of O(unit.path).
+        type: bool
+        default: false
   secret_files:
     description: The files that hold secrets, each written or removed.
     type: list
@@ -178,6 +191,21 @@ unit:
       type: str
       returned: when the unit was adopted, not in check mode
       sample: /etc/systemd/system/vllm.service.4242.2026-12-02@04:40:00~
+    load_state:
+      description: The unit's C(LoadState) after the files were written (V(not-found) for a unit systemd has not loaded yet).
+      type: str
+      returned: with O(unit.prepare_start)
+      sample: loaded
+    active_state:
+      description: The unit's C(ActiveState) then, before anything was cleared.
+      type: str
+      returned: with O(unit.prepare_start)
+      sample: failed
+    cleared:
+      description: Whether a failed state was cleared (it counts as a change; never in check mode).
+      type: bool
+      returned: with O(unit.prepare_start)
+      sample: true
 secret_files:
   description: What was done to each secret file, in the order given; never their texts.
   returned: always
@@ -471,7 +499,7 @@ def main():
             unit=dict(type="dict", required=True, options=dict(
                 file_options, content=dict(type="str", required=True), marker=dict(type="str", required=True),
                 adopt=dict(type="bool", default=False), mode=dict(type="str", default="0644"),
-                group=dict(type="str", default="root"))),
+                group=dict(type="str", default="root"), prepare_start=dict(type="bool", default=False))),
             secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
                 file_options, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
                 state=dict(type="str", choices=["present", "absent"], default="present"))),
@@ -484,6 +512,8 @@ def main():
         unit = plan_unit(module.params["unit"], module.check_mode)
         secrets = [plan_secret(spec, index, module.check_mode) for index, spec in enumerate(module.params["secret_files"])]
         make, programs = plan_programs(module.params["programs"], module.check_mode)
+        # Looked up before anything is written: a host without systemd gets its files only where it can start them.
+        systemctl = _systemctl_path(module) if module.params["unit"]["prepare_start"] else None
         paths = [unit["path"]] + [plan["path"] for plan in secrets + programs]
         if len(set(paths)) != len(paths):
             raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(
@@ -512,10 +542,49 @@ def main():
             except OSError as exc:
                 module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc), **public())
     result = dict(public(), changed=bool(changed))
+    if systemctl is not None:
+        try:
+            result["unit"].update(prepare_start(module, systemctl, os.path.basename(unit["path"])))
+        except Refused as exc:
+            module.fail_json(msg=str(exc), **result)
+        result["changed"] = result["changed"] or result["unit"]["cleared"]
     if module._diff:
         result["diff"] = dict(before=unit["before"], after=unit["content"].decode("utf-8"),
                               before_header=unit["path"], after_header=unit["path"])
     module.exit_json(**result)
+
+
+def _systemctl(module, systemctl, *args):
+    """(rc, stdout, stderr) of systemctl, in the C locale (its messages are matched)."""
+    return module.run_command([systemctl] + list(args), environ_update={"LC_ALL": "C", "LANG": "C"})
+
+
+def _systemctl_path(module) -> str:
+    systemctl = module.get_bin_path("systemctl")
+    if systemctl is None:
+        raise Refused("unit.prepare_start: systemctl is not on this host's PATH: the unit cannot be started here")
+    return systemctl
+
+
+def prepare_start(module, systemctl, name) -> dict:
+    """The unit's state, read after its files were written, and its failed state and start limit
+    cleared when it is loaded and not running (never in check mode)."""
+    rc, out, err = _systemctl(module, systemctl, "show", "--property=LoadState", "--property=ActiveState", "--value", "--", name)
+    states = out.split("\n")
+    if rc != 0 or len(states) < 2:
+        raise Refused("systemctl show %s: %s" % (name, (err or out).strip() or "exit status %d" % rc))
+    load_state, active_state = states[0], states[1]
+    state = dict(load_state=load_state, active_state=active_state, cleared=False)
+    if module.check_mode or load_state == "not-found" or active_state in ("active", "activating", "reloading"):
+        return state
+    rc, out, err = _systemctl(module, systemctl, "reset-failed", "--", name)
+    if rc != 0:
+        if "not loaded" in err + out:
+            return state
+        raise Refused("systemctl reset-failed %s: %s" % (name, (err or out).strip() or "exit status %d" % rc))
+    # An inactive unit had a start limit at most to clear: only a failed state's clearing is a change.
+    state["cleared"] = active_state == "failed"
+    return state
 
 
 def _public(plan) -> dict:

@@ -372,3 +372,25 @@ def test_a_program_path_that_climbs_out_of_its_directory_is_refused(dirs, tmp_pa
     result = run_module("inference_files", dict(files(dirs), programs=programs))
     assert result["rc"] != 0 and "not a relative file path" in result["msg"], result
     assert not (tmp_path / "evil.py").exists() and not (tmp_path / "p").exists()
+
+
+def test_a_host_without_systemctl_is_refused_before_any_file_is_written(dirs):
+    """prepare_start needs systemctl (it reads the unit's state and clears a failed one): on a host
+    without it the unit could not be started, so nothing is written and one sentence says why."""
+    units, config = dirs
+    result = run_module("inference_files", files(dirs, prepare_start=True), env={"PATH": str(units)})
+    assert result["rc"] != 0 and result["failed"], result
+    assert result["msg"] == "unit.prepare_start: systemctl is not on this host's PATH: the unit cannot be started here"
+    assert listing(units) == [] and listing(config) == []
+
+
+def test_a_systemd_that_does_not_answer_fails_the_task_in_its_own_words_after_the_files(dirs):
+    """This machine's own systemctl, with no systemd running (PID 1 is not systemd here, as in a
+    container without it): the task fails with systemctl's sentence, after the files were written
+    (a second run would change none of them), and no state is made up."""
+    units, _config = dirs
+    result = run_module("inference_files", files(dirs, prepare_start=True))
+    assert result["rc"] != 0 and result["failed"], result
+    assert result["msg"].startswith("systemctl show vllm.service: System has not been booted with systemd"), result["msg"]
+    assert "load_state" not in result["unit"] and result["unit"]["action"] == "created", result
+    assert (units / "vllm.service").read_text() == UNIT_TEXT

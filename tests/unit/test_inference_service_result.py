@@ -32,9 +32,9 @@ def test_check_mode_says_what_the_run_would_do_to_the_server():
     def would(**registered):
         return inference_service_result(dict({"args": ARGS}, **registered), "n", check_mode=True)["reason"]
     assert would(restarted={"changed": True}) == "check mode: would restart"
-    assert would(unit_state={"stdout_lines": ["not-found", "inactive"]}) == "check mode: would start"
-    assert would(started={"changed": True}, unit_state={"stdout_lines": ["loaded", "inactive"]}) == "check mode: would start"
-    assert would(unit_state={"stdout_lines": ["loaded", "active"]}) == "check mode: would leave the server running"
+    assert would(unit_state={"load_state": "not-found"}) == "check mode: would start"
+    assert would(started={"changed": True}, unit_state={"load_state": "loaded"}) == "check mode: would start"
+    assert would(unit_state={"load_state": "loaded"}) == "check mode: would leave the server running"
     result = inference_service_result({"args": ARGS}, "n", check_mode=True)
     assert result["ok"] and result["status"] == "check" and inference_service_report_row(result)["ok"]
 
