@@ -61,6 +61,7 @@ from tests.integration.fleet import Fleet  # noqa: E402  pylint: disable=wrong-i
 from tests.integration.fleet.cgroups import Cgroup  # noqa: E402  pylint: disable=wrong-import-position
 from tests.sim.role_vars import node_reset_vars  # noqa: E402  pylint: disable=wrong-import-position
 from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
+from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402  pylint: disable=wrong-import-position
 
 DEFAULT_HOSTS = 24
 GRACE = 3  # node_reset_vars' grace period: the ritual waits as long
@@ -173,7 +174,10 @@ def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes"
     variant = variant or {}
     repo = variant.get("repo") or REPO
     control = Path(tempfile.mkdtemp(prefix="cp-", dir=work))
-    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), **variant.get("env", {}))
+    # The host contacts, counted (a shell and a printf each: about a millisecond of controller CPU).
+    wrapper, ssh_log = ssh_counter(control)
+    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), ANSIBLE_SSH_EXECUTABLE=str(wrapper),
+               BENCH_SSH_LOG=str(ssh_log), **variant.get("env", {}))
     argv = [ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(fleet.inventory), "-l", limit,
             "--forks", str(forks), "-e", f"fleet_report_path={reports}"]
     if variant.get("vars"):
@@ -197,7 +201,7 @@ def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes"
     module_s = statistics.median(sum(row["seconds_per_step"].values()) for row in rows)
     return dict(measured.figures(), main_cpu_s=round(main_s, 2), workers_cpu_s=round(children_s, 2),
                 statuses=sorted({row["status"] for row in rows}), killed=sum(row["killed"] for row in rows),
-                host_module_s=round(module_s, 2),
+                host_module_s=round(module_s, 2), ssh_contacts=len(contact_times(ssh_log)),
                 tasks_per_host=statistics.median(r["ok"] + r["skipped"] + r["failed"] for r in recap.values()),
                 skipped_per_host=statistics.median(r["skipped"] for r in recap.values()))
 
@@ -320,6 +324,11 @@ def figures(runs: dict, hosts: int, forks: int) -> dict:
             "summary": summary}
 
 
+def contacts_per_host(run: dict, hosts: int) -> str:
+    """A run's host contacts per host, or "-" for a run measured without them (an older JSON)."""
+    return "%.1f" % (run["ssh_contacts"] / hosts) if "ssh_contacts" in run else "-"
+
+
 def table(doc: dict) -> str:
     """The fleet table in Markdown, as the docs show it."""
     hosts = doc["hosts"]
@@ -334,9 +343,10 @@ def table(doc: dict) -> str:
             run["load_1min"]))
     extra = doc["extrapolation"]
     lines += ["", "%d hosts, --forks %d, %d cores here; tasks per host: crashed %s (skipped %s), clean %s; "
-              "parallel fraction %.2f; L %.1f s." % (
+              "host contacts (ssh clients) per host: crashed %s, clean %s; parallel fraction %.2f; L %.1f s." % (
                   hosts, doc["forks"], doc["cores_here"], doc["median"]["crashed"]["tasks_per_host"],
                   doc["median"]["crashed"]["skipped_per_host"], doc["median"]["clean"]["tasks_per_host"],
+                  contacts_per_host(doc["median"]["crashed"], hosts), contacts_per_host(doc["median"]["clean"], hosts),
                   doc["parallel_fraction"], doc["median"]["crashed"]["host_module_s"]),
               "Controller CPU: %.2f s fixed + %.3f s per host (main process %.2f + %.3f)." % (
                   extra["controller_fixed_s"], extra["controller_per_host_s"], extra["main_fixed_s"],

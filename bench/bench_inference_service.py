@@ -53,6 +53,7 @@ from tests.fixtures.fake_nvml import build_library  # noqa: E402  pylint: disabl
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS  # noqa: E402  pylint: disable=wrong-import-position
 from tests.integration.fleet import Fleet, engines  # noqa: E402  pylint: disable=wrong-import-position
 from bench import provenance  # noqa: E402  pylint: disable=wrong-import-position
+from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402  pylint: disable=wrong-import-position
 
 GRACE = 3
 POLL = 1.0
@@ -105,36 +106,12 @@ def playbook(fleet, reports: Path) -> float:
     return profiled_playbook(fleet, reports)["seconds"]
 
 
-# Every ssh client Ansible starts is one host contact (pipelining: one per module run, whatever task or
-# action runs it): this wrapper notes when (the kernel's boot clock, /proc/uptime, read by the shell
-# alone, so that counting costs no interpreter start), then runs ssh.
-SSH_COUNTER = """#!/bin/sh
-read -r up _ < /proc/uptime
-printf '%s\\n' "$up" >> "$BENCH_SSH_LOG"
-exec ssh "$@"
-"""
-
-
-def ssh_counter(directory: Path) -> tuple:
-    """(the wrapper's path, its log): ANSIBLE_SSH_EXECUTABLE points at the wrapper."""
-    wrapper, log = directory / "ssh-counted", directory / "ssh-contacts.log"
-    wrapper.write_text(SSH_COUNTER)
-    wrapper.chmod(0o755)
-    return wrapper, log
-
-
-def boot_clock_offset() -> float:
-    """/proc/uptime's clock minus time.monotonic()'s (0 on a machine that never slept)."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()
-
-
 def profiled_playbook(fleet, reports: Path, repo: Path = REPO) -> dict:
     """One run of `repo`'s playbook: its wall time, when it served again, the seconds of each phase and
     task, and its host contacts (ssh clients started) in all and before it served again."""
     tasks_file = reports.parent / "task_seconds.json"
     tasks_file.unlink(missing_ok=True)
     wrapper, ssh_log = ssh_counter(reports.parent)
-    ssh_log.unlink(missing_ok=True)
     env = dict(os.environ, ANSIBLE_CALLBACK_PLUGINS=str(CALLBACKS), ANSIBLE_CALLBACKS_ENABLED="task_seconds",
                BENCH_TASK_SECONDS=str(tasks_file), ANSIBLE_SSH_EXECUTABLE=str(wrapper), BENCH_SSH_LOG=str(ssh_log))
     started = time.monotonic()
@@ -152,7 +129,7 @@ def profiled_playbook(fleet, reports: Path, repo: Path = REPO) -> dict:
     # The gate's first completion came first_completion_ms after its first /health 200 at the latest.
     serving = service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0 - started
     # /proc/uptime has 10 ms steps: a contact within them of the moment counts as before it.
-    contacts = [float(line) - boot_clock_offset() - started for line in ssh_log.read_text().split()]
+    contacts = [at - started for at in contact_times(ssh_log)]
     return {"seconds": seconds, "serving_s": serving, "phases": phases, "gate_s": service["gate_s"],
             "ssh_contacts": len(contacts), "ssh_contacts_to_serving": sum(1 for at in contacts if at <= serving + 0.01),
             "ready_s": service.get("ready_s"), "tasks": timed["tasks"],

@@ -43,6 +43,10 @@ def test_the_fleet_bench_measures_crashed_clean_and_ritual_runs_and_leaves_nothi
     # with metrics on as off.
     assert off["tasks_per_host"] == runs["crashed_1"]["tasks_per_host"], (off, runs["crashed_1"])
     assert off["skipped_per_host"] == runs["crashed_1"]["skipped_per_host"], (off, runs["crashed_1"])
+    # Every host contact is counted: the metrics' write is the one ssh client more, in the steps task's worker.
+    assert off["ssh_contacts"] > 0 and runs["crashed_1"]["ssh_contacts"] == off["ssh_contacts"] + 1, (off, runs["crashed_1"])
+    assert runs["crashed"]["ssh_contacts"] == 3 * runs["crashed_1"]["ssh_contacts"], runs["crashed"]
+    assert "host contacts (ssh clients) per host: crashed %.1f" % runs["crashed_1"]["ssh_contacts"] in bench_fleet.table(doc)
     # Its cgroup is gone (so are the ssh masters that were in it) and its host_vars are removed.
     assert not any(path.exists() for path, _v2 in bench_fleet.Cgroup(f"{fleet.cgroup_top}/bench-controller").dirs)
     assert not list((fleet.inventory.parent / "host_vars").glob("*.yml"))
