@@ -233,8 +233,16 @@ class Host:
         The command itself stays in this machine's cgroup: start what must live on inside the
         host's cgroup with systemd-run (see Fleet.spawn)."""
         pid = self.init_pid()
+        # While it boots, the container's systemd moves itself into a cgroup below the host's
+        # (init.scope): a walk of the cgroup that lists the directories before the move and reads
+        # the processes after it misses PID 1 once. Only a container whose nspawn ended is not running.
+        deadline = time.monotonic() + 2
+        while pid is None and self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pid = self.init_pid()
         if pid is None:
-            raise HostError(f"{self.name} is not running")
+            raise HostError(f"{self.name} is not running" + (
+                "" if self.running() else f" (nspawn exited {self.exit_status}; see {self.console_log})"))
         inner_env = {"PATH": INNER_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         inner_env.update(env or {})
         command = ["nsenter", f"--target={pid}", "--all", "--", "/usr/bin/env", "-i",
