@@ -108,8 +108,8 @@ def inference_service_result(registered, host, engine="", unit="", files_changed
 
     `registered` maps args (inference_args), gate (inference_ready), restarted, started (the
     systemd_service tasks) to their results ({} for a task that did not run) and unit_state to
-    {load_state} as inference_files read it (prepare_start). `failed_stage` names the task that failed (`validate` or `unreachable`: before
-    anything was touched), `failed_result` is its result."""
+    {load_state} as inference_files read it (prepare_start). `failed_stage` names the task that
+    failed (`validate` or `unreachable`: before anything was touched), `failed_result` is its result."""
     if not isinstance(registered, Mapping):
         raise TypeError("inference_service_result expects a mapping of the registered results, got %s"
                         % type(registered).__name__)
