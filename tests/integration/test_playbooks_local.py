@@ -40,10 +40,16 @@ def test_verify_reports_a_dirty_node_and_touches_nothing_then_passes_after_reset
     (tmp_path / "reports").mkdir()  # so that the recap counts only what happens on the node
     every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
 
-    proc, row = _playbook("verify", manifest, tmp_path)
+    collector = tmp_path / "collector"
+    collector.mkdir()
+    proc, row = _playbook("verify", manifest, tmp_path, node_reset_metrics_dir=str(collector))
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert row["status"] == "dirty"
     assert row["killed"] >= len(manifest["processes"]["worker"])  # what a reset would stop
+    # Its metrics say dirty too (CleanslateGpuHostDirty), not a failed final check.
+    metrics = (collector / "cleanslate_gpu_node_verify.prom").read_text()
+    assert re.search(r'^cleanslate_gpu_run_status\{host="simulated-node",role="node_verify",status="dirty"\} 1$', metrics,
+                     re.M), metrics
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[-1]
     assert all(_alive(pid) for pid in every_pid), "verify must not signal anything"
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
