@@ -243,13 +243,13 @@ CASES = [
          ("inference_service_secrets.api_key holds a control character",), ("sk-line1", "line2-NEWLINE")),
     Case("secret_api_key_equals_served_name_plain", "node3",
          {"inference_service_secrets": {"api_key": key("13")}, "inference_service_served_name": key("13")},
-         ("inference_service_secrets.api_key is in the command line",), (key("13"),)),
+         ("inference_service_served_name holds the value of inference_service_secrets.api_key",), (key("13"),)),
     Case("secret_api_key_with_spaces_equals_served_name", "node2",
          {"inference_service_served_name": SGLANG_KEY},
          ("inference_service_served_name",), (SGLANG_KEY, "sg key")),
     Case("secret_api_key_inside_model", "node1",
          {"inference_service_secrets": {"api_key": key("15")}, "inference_service_model": "sim/" + key("15")},
-         ("inference_service_secrets.api_key is in the command line (argument 2, the model",), (key("15"),)),
+         ("inference_service_model holds the value of inference_service_secrets.api_key",), (key("15"),)),
     Case("secret_api_key_inside_extra_arg", "node3",
          {"inference_service_secrets": {"api_key": key("16")},
           "inference_service_extra_args": ["--revision", "rev-" + key("16")]},
@@ -272,7 +272,7 @@ CASES = [
          (HF_TOKEN, "SeCrEtToKeN")),
     Case("secret_hf_token_inside_served_name", "node1",
          {"inference_service_served_name": "llama-" + HF_TOKEN},
-         ("inference_service_secrets.hf_token is in the command line",), (HF_TOKEN,)),
+         ("inference_service_served_name holds the value of inference_service_secrets.hf_token",), (HF_TOKEN,)),
     Case("secret_environment_value_in_plain_environment", "node3",
          {"inference_service_secrets": {"environment": {"WANDB_KEY": env_secret("21")}},
           "inference_service_environment": dict(base_vars("node3")["inference_service_environment"],
@@ -376,11 +376,14 @@ CASES = [
     # --- units --------------------------------------------------------------------------------------------
     Case("unit_ssh", "node3", {"inference_service_unit": "ssh.service", "inference_service_adopt_unit": True},
          ("inference_service_unit ssh.service is a system unit",)),
-    Case("unit_dotdot", "node1", {"inference_service_unit": "../x.service"}, ("inference_service_unit must be",)),
-    Case("unit_trailing_newline", "node2", {"inference_service_unit": "x.service\n"}, ("inference_service_unit must be",)),
+    Case("unit_dotdot", "node1", {"inference_service_unit": "../x.service"},
+         ("it must be a service unit name such as vllm.service",)),
+    Case("unit_trailing_newline", "node2", {"inference_service_unit": "x.service\n"},
+         ("it must be a service unit name such as vllm.service",)),
     Case("unit_template_instance", "node3", {"inference_service_unit": "foo@bar.service"},
-         ("inference_service_unit must be",)),
-    Case("unit_socket", "node1", {"inference_service_unit": "x.socket"}, ("inference_service_unit must be",)),
+         ("it must be a service unit name such as vllm.service",)),
+    Case("unit_socket", "node1", {"inference_service_unit": "x.socket"},
+         ("it must be a service unit name such as vllm.service",)),
     Case("unit_hand_written", "node3", {"inference_service_unit": "hand-llm.service"},
          ("/etc/systemd/system/hand-llm.service exists and this role did not write it",),
          setup=unit_setup("node3", "hand-llm.service", text=HAND_UNIT)[0],
@@ -715,7 +718,8 @@ def test_slow_health_is_never_reset_nor_restarted(hostile, mode):
         assert "slow" in row.get("note", ""), row
         assert main_pid(s, "node3", UNIT) == pid and snapshot(s, "node3") == before
         if mode == "run":
-            assert row["service"]["status"] == "failed", row["service"]
+            # The server the run left running is reported `slow` at once (docs/security.md, section 5), not failed.
+            assert row["service"]["status"] == "slow", row["service"]
     finally:
         s.fault("node3")
         s.vars["node3"] = base_vars("node3")
