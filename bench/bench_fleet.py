@@ -140,11 +140,14 @@ class Measured:
     def __init__(self, fleet):
         self.fleet = fleet
         self.cgroup = Cgroup(f"{fleet.cgroup_top}/bench-controller")
+        # ssh's part of it, apart: its clients and masters join it (bench/ssh_contacts.py).
+        self.ssh = Cgroup(f"{fleet.cgroup_top}/bench-controller/ssh")
 
     def __enter__(self):
         self.cgroup.kill()
         self.cgroup.remove()
         self.cgroup.create()
+        self.ssh.create()
         self.hosts_before = {name: host.cgroup.cpu_usec() for name, host in self.fleet.hosts.items()}
         self.busy_before = machine_busy_s()
         self.started = time.monotonic()
@@ -155,6 +158,7 @@ class Measured:
         # What the run left behind (ssh ControlPersist masters) is ours: ended, then counted.
         self.cgroup.kill()
         self.controller_s = self.cgroup.cpu_usec() / 1e6
+        self.ssh_s = self.ssh.cpu_usec() / 1e6
         self.hosts_s = sum(host.cgroup.cpu_usec() - self.hosts_before[name]
                            for name, host in self.fleet.hosts.items()) / 1e6
         self.others_s = max(machine_busy_s() - self.busy_before - self.controller_s - self.hosts_s, 0.0)
@@ -163,6 +167,7 @@ class Measured:
 
     def figures(self) -> dict:
         return {"wall_s": round(self.wall_s, 2), "controller_cpu_s": round(self.controller_s, 2),
+                "ssh_cpu_s": round(self.ssh_s, 2),
                 "hosts_cpu_s": round(self.hosts_s, 2), "others_cpu_s": round(self.others_s, 2),
                 "load_1min": round(self.load, 2)}
 
@@ -184,6 +189,7 @@ def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes"
         argv += ["-e", json.dumps(variant["vars"])]
     log = work / f"{label}.log"
     with Measured(fleet) as measured, open(log, "w", encoding="utf-8") as out:
+        env["BENCH_SSH_CGROUP"] = str(measured.ssh.v2_path)
         proc = subprocess.Popen(argv, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=measured.cgroup.join_function())  # pylint: disable=subprocess-popen-preexec-fn
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
@@ -285,6 +291,7 @@ def figures(runs: dict, hosts: int, forks: int) -> dict:
     cpu = {kind: round(med[kind]["controller_cpu_s"] / (1 if kind == "crashed_1" else hosts), 3) for kind in med}
     fixed, slope = per_host(one, crashed, hosts, "controller_cpu_s")
     main_fixed, main_slope = per_host(one, crashed, hosts, "main_cpu_s")
+    _ssh_fixed, ssh_slope = per_host(one, crashed, hosts, "ssh_cpu_s")
     wall_200 = extrapolate(one, crashed, hosts, TARGET["hosts"], TARGET["cores"])
     large = {"hosts": LARGE["hosts"], "cores": LARGE["cores"],
              "wall_s": round(extrapolate(one, crashed, hosts, LARGE["hosts"], LARGE["cores"]), 1),
@@ -318,6 +325,7 @@ def figures(runs: dict, hosts: int, forks: int) -> dict:
                               "formula": "L + max(S1 + 200 s, (C1 + 200 c) / 8)",
                               "controller_fixed_s": round(fixed, 2), "controller_per_host_s": round(slope, 3),
                               "main_fixed_s": round(main_fixed, 2), "main_per_host_s": round(main_slope, 3),
+                              "ssh_per_host_s": round(ssh_slope, 3),
                               "host_module_s": crashed["host_module_s"],
                               "model_here_s": {kind: round(model_here(med[kind]), 1) for kind in ("crashed", "clean")},
                               "large": large},
@@ -348,9 +356,10 @@ def table(doc: dict) -> str:
                   doc["median"]["crashed"]["skipped_per_host"], doc["median"]["clean"]["tasks_per_host"],
                   contacts_per_host(doc["median"]["crashed"], hosts), contacts_per_host(doc["median"]["clean"], hosts),
                   doc["parallel_fraction"], doc["median"]["crashed"]["host_module_s"]),
-              "Controller CPU: %.2f s fixed + %.3f s per host (main process %.2f + %.3f)." % (
+              "Controller CPU: %.2f s fixed + %.3f s per host (main process %.2f + %.3f; ssh, clients and "
+              "masters, %s per host)." % (
                   extra["controller_fixed_s"], extra["controller_per_host_s"], extra["main_fixed_s"],
-                  extra["main_per_host_s"]),
+                  extra["main_per_host_s"], "%.3f" % extra["ssh_per_host_s"] if "ssh_per_host_s" in extra else "-"),
               "Model here: crashed %.1f s, clean %.1f s (measured %.1f, %.1f). 200 hosts on 8 cores: %.1f s." % (
                   extra["model_here_s"]["crashed"], extra["model_here_s"]["clean"], doc["median"]["crashed"]["wall_s"],
                   doc["median"]["clean"]["wall_s"], extra["wall_s"]),

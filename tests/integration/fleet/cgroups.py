@@ -54,13 +54,15 @@ class Cgroup:
         """Shell commands that move the running shell ($$) into this cgroup."""
         return [f"echo $$ > {path}/cgroup.procs" for path, _is_v2 in self.dirs]
 
-    def _v2(self) -> Path:
+    @property
+    def v2_path(self) -> Path:
+        """Its directory in the cgroup v2 hierarchy, where cpu.stat is kept."""
         return next(path for path, v2 in self.dirs if v2)
 
     def pids(self):
         """Every process in this cgroup or below it."""
         found = []
-        for dirpath, _dirs, files in os.walk(self._v2()):
+        for dirpath, _dirs, files in os.walk(self.v2_path):
             if "cgroup.procs" in files:
                 try:
                     found.extend(int(x) for x in Path(dirpath, "cgroup.procs").read_text().split())
@@ -72,7 +74,7 @@ class Cgroup:
         """CPU time used in this cgroup and below it since it was made (cgroup v2 cpu.stat,
         which the kernel keeps without the cpu controller); 0 when it does not exist."""
         try:
-            text = (self._v2() / "cpu.stat").read_text()
+            text = (self.v2_path / "cpu.stat").read_text()
         except FileNotFoundError:
             return 0
         return int(dict(line.split() for line in text.splitlines())["usage_usec"])
@@ -90,7 +92,7 @@ class Cgroup:
     def kill(self, timeout: float = 20) -> bool:
         """SIGKILL everything below; True once it is empty. cgroup.kill (Linux 5.14+) is atomic;
         older kernels get a signal per process, repeated until nothing is left."""
-        base = self._v2()
+        base = self.v2_path
         if not base.exists():
             return True
         deadline = time.monotonic() + timeout
