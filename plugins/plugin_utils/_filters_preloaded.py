@@ -9,8 +9,8 @@ ansible-core runs each task of each host in a worker forked from the main proces
 worker renders a template naming any filter of a collection, ansible-core's Jinja plugin loader
 imports every filter file of that collection, and the utilities they import, compiling each from
 source (the collection loader keeps no bytecode). A worker forked after the main process did that
-inherits it all. Measured on a 2-core machine (docs/fleet_scale.md, issue 42, third pass): 70 to
-90 ms of CPU a worker, about 0.18 CPU-s of the controller's 0.95 per crashed host of reset.yml.
+inherits it all. Measured on a 2-core machine (docs/fleet_scale.md, issue 42, third pass): 62 to
+106 ms of CPU a worker, median 93, and 2 such workers per crashed host of reset.yml.
 
 The fleet playbooks' first play takes its hosts from the fleet_targets lookup, which ansible-core
 templates in the main process before any worker of the run is forked: it calls this."""

@@ -1,7 +1,7 @@
 """The collection's filters are loaded once, in the controller's main process, before the fleet
 playbooks fork their workers (issue 42, third pass): the first play's hosts lookup loads them, and
 every later worker inherits them instead of importing nine filter files and the utilities they
-import, compiled from source, for itself (about 80 ms of CPU a worker on 2 cores).
+import, compiled from source, for itself (about 90 ms of CPU a worker on 2 cores).
 
 Seen from inside a worker: a lookup of the test's own, beside its playbook, lists the modules of
 the collection's filters that the worker's process holds before anything in it names a filter."""
