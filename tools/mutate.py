@@ -4,7 +4,7 @@ Each mutation in tests/mutations/*.yml (one file per module; the file's name is 
 score table) is one small textual change:
 
     - id: recheck-dropped                      # unique within its file
-      file: plugins/modules/shm_clean.py       # relative to the repository root
+      file: plugins/module_utils/_shm_clean_module.py       # relative to the repository root
       original: |                              # must occur exactly once in file
         ...
       replacement: |

@@ -7,14 +7,15 @@
 With `evidence`, cleanslate.gpu.evidence first keeps what the signals would destroy (after
 pycache_purge, before anything else), when no task signalled before this one (a unit stop).
 
-Each step is its module, run on the host as a task of its own would run it (the same
-arguments, environment, check and diff mode); one task instead of four (fewer tasks:
-docs/design.md#why-tasks-are-few).
+The module of the same name runs the steps on the host, in one process and one host contact:
+each step is its module's main() in a child process of its own, as a task of its own would run it
+(the same arguments, environment, check and diff mode). One task and one contact instead of four
+of each (docs/design.md#why-tasks-are-few, docs/fleet_scale.md).
 
 The steps run in the design's order and stop at the first one that fails (its name is
-`failed_step`) or finds the host gone (the result is then unreachable, with the steps done so
-far). nvml_verify is the last step: its failure (GPUs still in use) fails the task too, with
-every step's result kept.
+`failed_step`). A host that does not answer makes the result unreachable, without the results of
+any step (they come back together). nvml_verify is the last step: its failure (GPUs still in use)
+fails the task too, with every step's result kept.
 
 With `record`, the same task then computes the role's result (node_reset_result's Python) and, for a
 host that answered, writes it for node_exporter's textfile collector through textfile_metrics: the
@@ -36,6 +37,8 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._node_reset_result 
 
 # The order of the reset, and why, is the steps' registry's (plugin_utils/_node_reset_steps.py).
 STEPS = _steps.MODULES
+# What the module runs on the host: the steps and the evidence (the action writes the record).
+RUNS = STEPS + ("evidence",)
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
 ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, evidence={"type": "dict"}, record={"type": "dict", "options": {
@@ -43,6 +46,11 @@ ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, evidence={"type
     "metrics_dir": {"type": "path", "required": True}}})
 # A host in these states was not reached: no metrics file is written there.
 UNREACHED = ("unreachable", "swept-unreachable")
+
+
+def first_step(args) -> str:
+    """The first module step given (the evidence's failure stops nothing)."""
+    return next(name for name in STEPS if args[name] is not None)
 
 
 class ActionModule(ActionBase):
@@ -61,45 +69,43 @@ class ActionModule(ActionBase):
         return result
 
     def _run_steps(self, args, task_vars, result):
+        """The module runs every step on the host in one process (one host contact); this reads its
+        answer as a task of each step's own would be read: changes, warnings, diffs, the failure."""
         steps, diffs = {}, []
         result.update(changed=False, steps=steps)
-        for name in self._order(args):
-            if name == "gpu_reset" and args["shm_clean"] is not None and not self._task.check_mode:
-                if not self._look_at_leftovers(args["shm_clean"], task_vars, steps):
-                    result.update(unreachable=True, msg=steps["shm_before"]["msg"], failed_step="unreachable")
-                    return result
-            try:
-                answer = self._execute_module(module_name="cleanslate.gpu.%s" % name,
-                                              module_args=dict(args[name]), task_vars=task_vars)
-            except AnsibleConnectionFailure as exc:
-                # No step failed: the host did not answer. `steps` names the step that found it so;
-                # failed_step says what the fleet report says (a step's name read as its failure).
-                steps[name] = {"unreachable": True, "msg": str(exc)}
-                result.update(unreachable=True, msg=str(exc), failed_step="unreachable")
-                return result
-            steps[name] = answer
-            result["changed"] = result["changed"] or bool(answer.get("changed"))
-            lift_messages(answer, result)
-            if answer.get("diff"):
+        try:
+            answer = self._execute_module(module_name="cleanslate.gpu.reset_steps", task_vars=task_vars,
+                                          module_args={name: args[name] for name in RUNS if args[name] is not None})
+        except AnsibleConnectionFailure as exc:
+            # No step failed: the host did not answer, before or during the steps (one contact: the
+            # results of any that ran are lost with it). `steps` names the first module step given;
+            # failed_step says what the fleet report says (a step's name read as its failure).
+            steps[first_step(args)] = {"unreachable": True, "msg": str(exc)}
+            result.update(unreachable=True, msg=str(exc), failed_step="unreachable")
+            return result
+        if "steps" not in answer:
+            # The module did not run (the host's Python is missing or broken): the first step is the
+            # one that failed, with that answer, as when each step was a module run of its own.
+            answer = {"steps": {first_step(args): answer}, "failed_step": first_step(args)}
+        for name, step in answer["steps"].items():
+            if name == "shm_before":
+                # The look before the signals (check mode): who held each leftover then. Its changes,
+                # diff and warnings are the real step's to say; a look that failed names no holder.
+                steps[name] = {key: step[key] for key in ("in_use", "elapsed_s") if key in step and not step.get("failed")}
+                continue
+            steps[name] = step
+            result["changed"] = result["changed"] or bool(step.get("changed"))
+            lift_messages(step, result)
+            if step.get("diff"):
                 # shm_clean with tmp_path answers two diffs, one per directory.
-                diffs.extend(answer["diff"] if isinstance(answer["diff"], list) else [answer["diff"]])
-            if answer.get("failed") and name != "evidence":
-                result.update({key: answer[key] for key in FAILURE_KEYS if key in answer})
-                result.update(failed=True, failed_step=name)
-                break
+                diffs.extend(step["diff"] if isinstance(step["diff"], list) else [step["diff"]])
+        failed_step = answer.get("failed_step")
+        if failed_step:
+            result.update({key: steps[failed_step][key] for key in FAILURE_KEYS if key in steps[failed_step]})
+            result.update(failed=True, failed_step=failed_step)
         if diffs:
             result["diff"] = diffs
         return result
-
-    @staticmethod
-    def _order(args) -> list:
-        """The steps given, in the registry's order, the evidence before the first signal: after
-        pycache_purge, whose refusal of a target signals nothing and leaves the host untouched. A
-        failure to keep the evidence never holds the reset back (its result says it)."""
-        order = [name for name in STEPS if args[name] is not None]
-        if args["evidence"] is not None:
-            order.insert(1 if order[:1] == ["pycache_purge"] else 0, "evidence")
-        return order
 
     def _record(self, record, result, task_vars):
         """node_reset_result from the earlier steps' results and these (a failed step as the role's
@@ -130,21 +136,3 @@ class ActionModule(ActionBase):
                 % answer.get("msg", "no reason given"))
         elif answer.get("diff"):
             result.setdefault("diff", []).append(answer["diff"])
-
-    def _look_at_leftovers(self, shm_args, task_vars, steps):
-        """shm_clean in check mode before anything is signalled: steps['shm_before'] keeps who held
-        each leftover then (`in_use`), so that the report can say a segment the reset removed was held
-        only by a process it stopped (check mode keeps it; the reset removes it). Its changes, diff and
-        warnings are the real step's to say. False: the host did not answer."""
-        self._task.check_mode = True
-        try:
-            answer = self._execute_module(module_name="cleanslate.gpu.shm_clean", module_args=dict(shm_args),
-                                          task_vars=task_vars)
-        except AnsibleConnectionFailure as exc:
-            steps["shm_before"] = {"unreachable": True, "msg": str(exc)}
-            return False
-        finally:
-            self._task.check_mode = False
-        # A look that failed (the real step fails the same way, and says so) names no holder.
-        steps["shm_before"] = {key: answer[key] for key in ("in_use", "elapsed_s") if key in answer and not answer.get("failed")}
-        return True

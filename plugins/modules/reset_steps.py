@@ -13,21 +13,26 @@ version_added: 0.2.0
 description:
   - Runs, in this order, each of M(cleanslate.gpu.pycache_purge), M(cleanslate.gpu.gpu_reset),
     M(cleanslate.gpu.shm_clean) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
-    dictionary as the module's arguments. Each module runs on the host exactly as a task of its own would run it,
-    with the task's environment, check mode and diff mode, and checks its own arguments.
+    dictionary as the module's arguments. Each module runs on the host as a task of its own would run it, with the
+    task's environment, check mode and diff mode, checks its own arguments and answers as its own.
+  - The steps reach the host in one module run, one host contact and one Python for all of them; each step's module
+    runs in a child process of its own, forked from that one, so that nothing one step sets reaches the next.
   - The order is the reset's. The bytecode first, because it is the one step whose inputs only the host can refuse
     (a module that does not resolve, a path that is not there) and it needs no process stopped, so that a refusal
     comes before any signal. Then no segment is removed while its holders live, and the GPUs are read last.
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
-    RV(failed_step); the steps after it do not run. A host that stops answering makes the task unreachable, with the
-    results of the steps done so far.
+    RV(failed_step); the steps after it do not run. A host that does not answer makes the task unreachable, without
+    the results of any step (they come back together).
+  - This module logs only the names of the steps to the host's journal; each step logs its own arguments as its
+    module does, masking its C(no_log) options (the secrets of M(cleanslate.gpu.evidence)), which are masked in the
+    whole answer too.
   - Outside check mode, when both O(gpu_reset) and O(shm_clean) are given, M(cleanslate.gpu.shm_clean) also runs once
     in check mode before M(cleanslate.gpu.gpu_reset) signals anything, a look that removes nothing; its RV(steps)
     entry C(shm_before) keeps its C(in_use) (who held each leftover then), so that a report can say that a segment
     the reset removed was held only by a process the reset stopped.
-  - One task instead of four, so that the controller pays for one task per host, not four (the collection's
-    C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role runs its steps with it; the four
-    modules stay usable one by one.
+  - One task and one host contact instead of four of each, so that the controller pays for one task and one module
+    run per host (the collection's C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role
+    runs its steps with it; the four modules stay usable one by one.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -114,7 +119,8 @@ RETURN = r"""
 steps:
   description:
     - The result of every step that ran, by its module's name, as the module returned it (see each module's return
-      values). A step that found the host gone holds C(unreachable) (true) and C(msg).
+      values). When the host did not answer, the first step given holds C(unreachable) (true) and C(msg), and no
+      other step is there.
     - C(shm_before), outside check mode, is the look before the signals (see the description), C({in_use, elapsed_s})
       of M(cleanslate.gpu.shm_clean) in check mode; empty when that look failed (the real step then says why).
   returned: always
@@ -128,8 +134,92 @@ metrics:
   type: dict
   sample: {changed: true, path: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom}
 failed_step:
-  description: The step that failed or found the host gone; the steps after it did not run.
+  description: The step that failed (the steps after it did not run), or C(unreachable) when the host did not answer.
   returned: when a step failed
   type: str
   sample: pycache_purge
 """
+
+
+from ansible.module_utils.basic import AnsibleModule, _load_params
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _evidence_module, _gpu_reset_module, _nvml_verify_module
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _pycache_purge_module, _shm_clean_module
+from ansible_collections.cleanslate.gpu.plugins.module_utils._reset_order import STEP_ORDER
+from ansible_collections.cleanslate.gpu.plugins.module_utils._step_process import internal_settings, run_module_main
+
+MODULES = {"pycache_purge": _pycache_purge_module, "gpu_reset": _gpu_reset_module, "shm_clean": _shm_clean_module,
+           "nvml_verify": _nvml_verify_module, "evidence": _evidence_module}
+# The action (plugins/action/reset_steps.py) writes the record after the steps: it is computed on
+# the controller. Any other option is a step's arguments, which the step's own module checks.
+ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in MODULES},
+                     record={"type": "dict", "options": {"steps": {"type": "dict", "required": True},
+                                                         "result": {"type": "dict", "required": True},
+                                                         "metrics_dir": {"type": "path", "required": True}}})
+
+
+def order(params):
+    """The steps given, in the reset's order, the evidence before the first signal: after
+    pycache_purge, whose refusal of a target signals nothing and leaves the host untouched."""
+    names = [name for name in STEP_ORDER if params[name] is not None]
+    if params["evidence"] is not None:
+        names.insert(1 if names[:1] == ["pycache_purge"] else 0, "evidence")
+    return names
+
+
+def step_secrets(params):
+    """The values of the options a step's own module keeps out of its log and its answer (no_log):
+    this module's answer masks them too (it carries every step's arguments)."""
+    found = set()
+    for name, module in MODULES.items():
+        given = params[name] if isinstance(params[name], dict) else {}
+        for option, spec in module.ARGUMENT_SPEC.items():
+            value = given.get(option)
+            if spec.get("no_log") and value not in (None, "", []):
+                found.update(str(item) for item in (value if isinstance(value, list) else [value]) if str(item))
+    return found
+
+
+def run_steps(params, settings, check_mode):
+    """The steps' answers by name, in the order they ran, and the step that failed (None): each
+    step in its own child process, until one fails. A failure to keep the evidence holds nothing
+    back (its answer says it)."""
+    answers, failed_step = {}, None
+    for name in order(params):
+        if name == "gpu_reset" and params["shm_clean"] is not None and not check_mode:
+            # The look before anything is signalled: who holds each leftover now (the action keeps
+            # its in_use as steps.shm_before). Check mode: it removes nothing.
+            answers["shm_before"] = run_module_main(_shm_clean_module.main, "cleanslate.gpu.shm_clean",
+                                                    params["shm_clean"], dict(settings, _ansible_check_mode=True))
+        answers[name] = run_module_main(MODULES[name].main, "cleanslate.gpu." + name, params[name], settings)
+        if answers[name].get("failed") and name != "evidence":
+            failed_step = name
+            break
+    return answers, failed_step
+
+
+class StepsModule(AnsibleModule):
+    """The steps' arguments (the evidence's secrets among them) are each step's to log, as its own
+    module logs them, in its child; this process writes only the steps' names to the host's journal.
+    (AnsibleModule's no_log=True would not do: the task's `_ansible_no_log` overrides it.)"""
+
+    def _log_invocation(self):
+        self.log("Invoked with the steps %s" % ", ".join(name for name in MODULES if self.params.get(name) is not None))
+
+
+def main():
+    module = StepsModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if module.params["record"] is not None:
+        module.fail_json(msg="record is written by the action cleanslate.gpu.reset_steps on the controller, "
+                             "not by this module")
+    if not any(module.params[name] is not None for name in STEP_ORDER):
+        module.fail_json(msg="one of the following is required: %s" % ", ".join(STEP_ORDER))
+    module.no_log_values.update(step_secrets(module.params))
+    answers, failed_step = run_steps(module.params, internal_settings(_load_params()), module.check_mode)
+    # The action reads the steps' answers as their modules' own (changes, warnings, diffs, the failure).
+    module.exit_json(changed=any(answer.get("changed") for name, answer in answers.items() if name != "shm_before"),
+                     steps=answers, failed_step=failed_step)
+
+
+if __name__ == "__main__":
+    main()

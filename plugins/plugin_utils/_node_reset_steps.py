@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES
+from ansible_collections.cleanslate.gpu.plugins.module_utils._reset_order import STEP_ORDER
 
 
 class Step:
@@ -48,11 +49,7 @@ class Step:
         return "node_reset_%s_%s" % (self.module, option)
 
 
-# The order of the reset. pycache_purge first: it is the one step whose inputs only the host can
-# refuse (a module that does not resolve, a path that is not there), and it needs no process
-# stopped (an interpreter that imported a module never reads its .pyc again, and one that imports it
-# later compiles the source as it is now), so a refusal comes before any signal. Then no segment is
-# removed while its holders live, and the GPUs are read last.
+# In the reset's order (module_utils/_reset_order.py says why), which the module runs them in.
 MODULE_STEPS = (
     Step("pycache_purge", ("paths", "modules", "python", "mode"),
          "remove bytecode that no longer matches its source, only when paths or modules are given",
@@ -78,6 +75,9 @@ MODULE_STEPS = (
 )
 BY_MODULE = {step.module: step for step in MODULE_STEPS}
 MODULES = tuple(step.module for step in MODULE_STEPS)
+if MODULES != STEP_ORDER:
+    # The controller would read the steps' results in another order than the host ran them.
+    raise ValueError("the registry lists the steps as %s, the module runs them as %s" % (MODULES, STEP_ORDER))
 # The final check: its failure (GPUs still in use or unhealthy, an Xid) is the result's `dirty`
 # (or the Xid's status), not a failed step. The role's steps task does not fail on it (steps.yml's
 # failed_when), so no rescue names it, and the task's own record of the result must not either.

@@ -13,11 +13,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MUTATE = REPO / "tools" / "mutate.py"
-TARGET = "plugins/modules/shm_clean.py"
+TARGET = "plugins/module_utils/_shm_clean_module.py"
 
 CAUGHT = """\
 - id: caught
-  file: plugins/modules/shm_clean.py
+  file: plugins/module_utils/_shm_clean_module.py
   original: |
         if '..' in pattern:
   replacement: |
@@ -28,7 +28,7 @@ CAUGHT = """\
 """
 SURVIVED = """\
 - id: survived
-  file: plugins/modules/shm_clean.py
+  file: plugins/module_utils/_shm_clean_module.py
   original: |
     SHOWN_PIDS = 10
   replacement: |
@@ -39,7 +39,7 @@ SURVIVED = """\
 """
 UNOBSERVABLE = """\
 - id: invisible
-  file: plugins/modules/shm_clean.py
+  file: plugins/module_utils/_shm_clean_module.py
   original: "# How many unreadable pids a reason names"
   replacement: "# How many pids a reason names"
   reason: a comment reworded
@@ -90,7 +90,7 @@ def test_a_mutation_whose_code_moved_is_an_error_that_names_it(tmp_path):
     moved = CAUGHT.replace("if '..' in pattern:", "if '..' in the_old_name:", 1).replace("id: caught", "id: moved")
     twice = textwrap.dedent("""\
         - id: twice
-          file: plugins/modules/shm_clean.py
+          file: plugins/module_utils/_shm_clean_module.py
           original: "module.warn("
           replacement: "print("
           reason: matches more than one place
@@ -100,9 +100,9 @@ def test_a_mutation_whose_code_moved_is_an_error_that_names_it(tmp_path):
     run = mutate(tmp_path, moved + twice)
 
     assert run.returncode == 2
-    assert "selftest/moved: original snippet not found in plugins/modules/shm_clean.py (the code moved?)" in run.stderr
+    assert "selftest/moved: original snippet not found in plugins/module_utils/_shm_clean_module.py (the code moved?)" in run.stderr
     # However many times shm_clean warns today: more than once.
-    assert re.search(r"selftest/twice: original snippet found [2-9] times in plugins/modules/shm_clean\.py; "
+    assert re.search(r"selftest/twice: original snippet found [2-9] times in plugins/module_utils/_shm_clean_module\.py; "
                      r"make it unique", run.stderr), run.stderr
     assert not (tmp_path / "scratch").exists(), "nothing may run while the list does not match the code"
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES, words
-from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml_verify_module as nvml_verify
 from tests import sim
 from tests.sim import procinfo
 from tests.sim.role_vars import node_reset_vars

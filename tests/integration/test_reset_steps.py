@@ -70,6 +70,21 @@ def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path)
     assert result["steps"]["shm_clean"]["bytes_freed"] > 0
 
 
+def test_the_steps_reach_the_host_as_one_module_run(crashed_node, tmp_path):
+    """Issue 42: the four steps, the evidence and the look before the signals are one module run on
+    the host (one host contact, one interpreter), not one each; each step still answers as its own
+    module, in the reset's order."""
+    manifest = crashed_node
+    evidence = {"path": str(tmp_path / "evidence"), "cmdline_patterns": [manifest["api_server_pattern"]]}
+    proc, result = _run(tmp_path, manifest["nvml"]["env"], _steps(manifest, evidence=evidence), "-vvv")
+    assert "failed" not in result or not result["failed"], result.get("msg")
+    assert list(result["steps"]) == ["pycache_purge", "evidence", "shm_before", "gpu_reset", "shm_clean", "nvml_verify"]
+    assert result["steps"]["evidence"]["files"], result["steps"]["evidence"]
+    ran = [line.rsplit("/", 1)[-1] for line in proc.stdout.splitlines()
+           if line.startswith("Using module file ") and "/plugins/modules/" in line]
+    assert ran == ["reset_steps.py"], ran
+
+
 def test_a_failing_step_stops_the_steps_after_it_and_says_why(crashed_node, tmp_path):
     """A refused shm_clean path: pycache_purge and gpu_reset (before it) ran; nvml_verify (after
     it) did not, and no shared memory was removed."""
@@ -159,9 +174,10 @@ def test_a_bytecode_target_the_host_refuses_stops_everything_before_any_signal(c
     assert all(Path(path).exists() for path in manifest["shm"]["leftovers"])
 
 
-def test_a_host_that_does_not_answer_is_unreachable_after_its_first_step(tmp_path):
-    """The first step that finds the host gone ends the task as unreachable: the later steps are
-    not tried (each would wait for the host again), and Ansible counts the host unreachable."""
+def test_a_host_that_does_not_answer_is_unreachable_named_by_its_first_step(tmp_path):
+    """The steps reach the host in one module run: a host that does not answer ends the task as
+    unreachable, no step is tried again, the first step given holds why, and Ansible counts the
+    host unreachable."""
     out = tmp_path / "result.json"
     playbook = tmp_path / "play.yml"
     playbook.write_text(json.dumps([{
@@ -182,7 +198,7 @@ def test_a_host_that_does_not_answer_is_unreachable_after_its_first_step(tmp_pat
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert out.exists(), proc.stdout[-3000:]
     result = json.loads(out.read_text())
-    # The step that found it gone is in `steps`; failed_step names no step that did not fail (issue 29).
+    # The first step is in `steps`; failed_step names no step that did not fail (issue 29).
     assert result["unreachable"] is True and result["failed_step"] == "unreachable", result
     assert list(result["steps"]) == ["shm_clean"] and result["steps"]["shm_clean"]["unreachable"] is True
     assert "fatal: [dead]: UNREACHABLE!" in proc.stdout, proc.stdout[-2000:]

@@ -17,12 +17,14 @@ import json
 import os
 import secrets as random_secrets
 import shutil
+import subprocess
 
 import pytest
 import yaml
 
 from tests.integration.fleet import engines
-from tests.integration.fleet.reports import play, rows_by_host
+from tests.integration.fleet.fleet import REPO
+from tests.integration.fleet.reports import ANSIBLE_PLAYBOOK, play, rows_by_host
 from tests.integration.test_inference_service_fleet import UNIT, base_vars
 
 pytestmark = pytest.mark.fleet
@@ -190,3 +192,27 @@ def test_root_never_starts_the_service_users_python_in_a_real_run_nor_in_check_m
     server = "0 ['%s/bin/vllm']" % VENV
     assert server in starts, starts  # the .pth runs at each start of that Python
     assert [line for line in starts if line.startswith("0 ") and line != server] == [], starts
+
+
+def test_reset_steps_logs_no_evidence_secret_to_the_journal(fleet_session, tmp_path):
+    """Issue 42: cleanslate.gpu.reset_steps gets every step's arguments in one module process on the
+    host. That process logs none of them to the host's journal: each step logs its own, as its
+    module does, the evidence's secrets masked (its no_log option). The journal does hold the
+    evidence's own line, so a journal the test could not read would not pass."""
+    if not fleet_session.hosts["node1"].running():
+        fleet_session.boot("node1")
+    canary = "canary-reset-steps-" + random_secrets.token_hex(4)
+    playbook = tmp_path / "steps.yml"
+    playbook.write_text(json.dumps([{"hosts": "node1", "gather_facts": False, "tasks": [{
+        "name": "Keep the evidence and look at the leftovers",
+        "cleanslate.gpu.reset_steps": {
+            "evidence": {"path": "/var/tmp/cleanslate-steps-evidence", "secrets": [canary],
+                         "cmdline_patterns": ["cleanslate-matches-no-process"]},
+            "shm_clean": {"path": "/dev/shm", "patterns": ["cleanslate-matches-no-file-*"]}}}]}]))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(fleet_session.inventory), "-l", "node1", "-vvv"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    journal = fleet_session.run("node1", ["journalctl", "--no-pager", "-o", "json"]).stdout
+    assert "secrets=NOT_LOGGING_PARAMETER" in journal and "cleanslate-matches-no-process" in journal
+    assert canary not in journal, excerpt(journal, canary)
+    assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)

@@ -14,7 +14,7 @@ from tests.run_module import ensure_collection_link
 sys.path.insert(0, str(ensure_collection_link()))
 # pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _procs  # noqa: E402
-from ansible_collections.cleanslate.gpu.plugins.modules import gpu_reset  # noqa: E402
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _gpu_reset_module as gpu_reset  # noqa: E402
 
 MAPPER = """
 import ctypes, mmap, os, sys, time

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.action.fleet_report import host_row
-from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml_verify_module as nvml_verify
 from ansible_collections.cleanslate.gpu.plugins.filter.node_reset import (node_reset_problems, node_reset_result,
                                                                           variables)
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ensure_collection_link()))
 # pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml  # noqa: E402
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402
-from ansible_collections.cleanslate.gpu.plugins.modules import nvml_verify  # noqa: E402
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _nvml_verify_module as nvml_verify  # noqa: E402
 
 UUIDS = ["GPU-0000000%d-aaaa-bbbb-cccc-dddddddddddd" % index for index in range(4)]
 

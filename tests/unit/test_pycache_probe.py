@@ -16,7 +16,7 @@ ensure_collection_link()
 sys.path.insert(0, str(ensure_collection_link()))
 
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pyc_probe as probe  # noqa: E402
-from ansible_collections.cleanslate.gpu.plugins.modules import pycache_purge  # noqa: E402
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _pycache_purge_module as pycache_purge  # noqa: E402
 
 TAG = sys.implementation.cache_tag
 

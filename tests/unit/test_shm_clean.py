@@ -11,7 +11,7 @@ import pytest
 from tests.run_module import ensure_collection_link
 
 sys.path.insert(0, str(ensure_collection_link()))
-from ansible_collections.cleanslate.gpu.plugins.modules import shm_clean  # noqa: E402  pylint: disable=wrong-import-position
+from ansible_collections.cleanslate.gpu.plugins.module_utils import _shm_clean_module as shm_clean  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils._ranges import RANGES  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _file_users  # noqa: E402  pylint: disable=wrong-import-position
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _leftovers  # noqa: E402  pylint: disable=wrong-import-position

@@ -27,7 +27,7 @@ from ansible_collections.cleanslate.gpu.plugins.action.reset_steps import STEPS 
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOK = REPO / "docs" / "troubleshooting.md"
-SOURCES = ("plugins/modules/nvml_verify.py", "plugins/modules/gpu_reset.py", "plugins/filter/node_reset.py",
+SOURCES = ("plugins/module_utils/_nvml_verify_module.py", "plugins/module_utils/_gpu_reset_module.py", "plugins/filter/node_reset.py",
            "plugins/action/fleet_report.py", "plugins/plugin_utils/_report_rows.py", "plugins/modules/inference_ready.py",
            "plugins/action/inference_ready.py", "plugins/plugin_utils/_secret_checks.py",
            "plugins/plugin_utils/_serve_command.py", "plugins/plugin_utils/_engine_flags.py",
