@@ -36,6 +36,8 @@ def _child(main, module_args, write_fd):
     try:
         os.dup2(write_fd, 1)
         os.close(write_fd)
+        # Whatever stood for stdout in the parent (a test's capture, a wrapper): fd 1 is the pipe.
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # pylint: disable=consider-using-with
         # What AnsiballZ hands a module's own process (basic._load_params reads it).
         basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": module_args}).encode("utf-8")
         main()
@@ -44,8 +46,9 @@ def _child(main, module_args, write_fd):
         code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
     except BaseException as exc:  # pylint: disable=broad-exception-caught
         # What a module's own process would answer for an exception it did not catch.
-        sys.stdout.write(json.dumps({"failed": True, "msg": "%s: %s" % (type(exc).__name__, exc),
-                                     "exception": traceback.format_exc()}))
+        # On a line of its own: the module may have printed part of a line before it failed.
+        sys.stdout.write("\n" + json.dumps({"failed": True, "msg": "%s: %s" % (type(exc).__name__, exc),
+                                            "exception": traceback.format_exc()}) + "\n")
     finally:
         # os._exit, not sys.exit: the exit must not unwind into the parent's frames (AnsiballZ
         # removes its payload on the way out, which the parent still runs from).
