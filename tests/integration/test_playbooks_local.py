@@ -324,6 +324,9 @@ def test_the_report_is_written_when_every_host_fails_and_the_run_still_fails(
     assert rows["only-node"]["status"] == status and not rows["only-node"]["ok"], rows
     assert rows["only-node"]["problems"], rows
     assert "| only-node | %s |" % status in proc.stdout
+    if status == "unreachable":
+        # One sentence says why (the verdict); the metrics are not tried on a host that did not answer.
+        assert "the metrics file for node_exporter was not written" not in proc.stdout + proc.stderr, proc.stdout[-3000:]
 
 
 def test_a_stopped_rollout_reports_the_hosts_it_did_not_reach(tmp_path):

@@ -68,6 +68,8 @@ def test_the_steps_run_in_order_and_leave_the_node_clean(crashed_node, tmp_path)
     # Each step's own result, as the module returns it.
     assert {entry["pid"] for entry in result["steps"]["gpu_reset"]["killed"]} >= set(_pids(manifest, "worker"))
     assert result["steps"]["shm_clean"]["bytes_freed"] > 0
+    # The real step removed every leftover and says so: the look before it removed none.
+    assert {entry["path"] for entry in result["steps"]["shm_clean"]["removed"]} >= set(manifest["shm"]["leftovers"])
 
 
 def test_the_steps_reach_the_host_as_one_module_run(crashed_node, tmp_path):
