@@ -35,7 +35,8 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._metric_families im
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._module_answer import lift_messages
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._node_reset_result import node_reset_result
 
-# The order of the reset, and why, is the steps' registry's (plugin_utils/_node_reset_steps.py).
+# The steps, in the reset's order: the registry's (plugin_utils/_node_reset_steps.py; why that order:
+# module_utils/_reset_order.py).
 STEPS = _steps.MODULES
 # What the module runs on the host: the steps and the evidence (the action writes the record).
 RUNS = STEPS + ("evidence",)
