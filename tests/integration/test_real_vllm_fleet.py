@@ -346,32 +346,41 @@ def test_a_second_run_changes_nothing(real):
     assert row["status"] == "ok" and row["killed"] == 0 and row["service"]["status"] == "ready"
 
 
-def _dead_then_served(real, kill):
-    """`kill` makes the server fail; reset_and_serve finds the real leftovers, removes them, and serves."""
+def _dead_then_served(real, kill) -> set:
+    """`kill` makes the server fail; reset_and_serve finds the real leftovers, removes them, and
+    serves. What the crash left, for the caller to check: the play runs first, so that a test
+    failing here still leaves the server ready for the next one."""
     old_pid = real.main_pid()
     real.complete()  # traffic, as a server in use has
     kill()
     real.wait(lambda: real.show("ActiveState")["ActiveState"] in ("failed", "inactive")
               or real.show("SubState")["SubState"] == "auto-restart", 120, "the unit to fail")
     left = real.leftovers()
-    assert any(path.startswith("/dev/shm/psm_") for path in left), left  # what the crash left behind
     proc, report, row = real.play()
-    pid = real.assert_ready(proc, row, old_pid)
+    real.assert_ready(proc, row, old_pid)
     assert row["status"] == "ok", row
-    assert row["shm_bytes_freed"] > 0, row
+    assert left, "the crash left nothing to remove"
+    # Every shared memory file of the dead server counted as freed (the sockets in /tmp weigh nothing).
+    assert (row["shm_bytes_freed"] > 0) == any(path.startswith("/dev/shm/") for path in left), (row, left)
     # Every leftover of the dead server is gone; the new server made its own.
     assert not left & real.leftovers(), left & real.leftovers()
-    return pid
+    return left
 
 
 def test_kill_9_of_the_api_server_is_reset_and_served(real):
-    """One start."""
-    _dead_then_served(real, lambda: real.run("kill", "-9", str(real.main_pid())))
+    """One start. systemd SIGKILLs the rest of the unit at once, Python's resource tracker among them:
+    the shared memory of the engine's queues stays."""
+    left = _dead_then_served(real, lambda: real.run("kill", "-9", str(real.main_pid())))
+    assert any(path.startswith("/dev/shm/psm_") for path in left), left
 
 
 def test_kill_9_of_the_engine_core_alone_is_reset_and_served(real):
-    """One start. The API server notices its engine died and exits: the unit fails."""
-    _dead_then_served(real, lambda: real.run("kill", "-9", str(real.pid_of("VLLM::EngineCore"))))
+    """One start. The API server notices its engine died and exits: the unit fails. Its shared memory
+    may or may not stay: Python's resource tracker unlinks what it registered once the API server's
+    end of its pipe closes, in a race with systemd's SIGKILL of the tracker (the CI of 97ed3e8 found
+    none left). The zmq sockets in /tmp stay."""
+    left = _dead_then_served(real, lambda: real.run("kill", "-9", str(real.pid_of("VLLM::EngineCore"))))
+    assert any(path.startswith("/tmp/") for path in left), left
 
 
 class Busy:
