@@ -51,7 +51,7 @@ MODULE_TESTS = ["tests/functional/test_gpu_reset.py", "tests/functional/test_gpu
                 "tests/functional/test_shm_clean.py"]
 # The playbooks on the simulated node and the first run's guard, on the controllers of run_controllers.
 CONTROLLER_TESTS = ["tests/integration/test_playbooks_local.py", "tests/integration/test_first_run.py",
-                    "tests/integration/test_issue17_preflight.py"]
+                    "tests/integration/test_fleet_preflight.py"]
 # What `make test` runs on 2.20 and 2.21 (versions-ci): ansible-doc of every plugin and role and
 # the playbooks' syntax, and every case of the first run's guard with real ansible-playbook runs.
 CONTROLLER_CI_TESTS = ["tests/release/test_ansible_doc.py", "tests/integration/test_first_run.py::"
