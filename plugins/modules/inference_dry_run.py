@@ -296,7 +296,7 @@ def dry_run(module):
         return result
     verdict, problem = answer(stdout)
     if verdict is None:
-        how = ("exited with status %d" % status) if status >= 0 else ("was killed by signal %d" % -status)
+        how = ("exited with status %d" % status) if status >= 0 else ("was killed by signal %d" % abs(status))
         said = last_words(stderr, mask)
         result["why_not_run"] = shown("the engine's Python %s and %s%s" % (
             how, problem, ("; its last words: %s" % said) if said else ""), mask)
