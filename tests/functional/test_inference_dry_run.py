@@ -143,6 +143,8 @@ LIARS = {
     "tree": "echo $$ > \"$(dirname \"$0\")/group.pid\"\nsleep 300 &\necho $! > \"$(dirname \"$0\")/child.pid\"\n"
             "sleep 300",
     "secret-said": "echo 'failed with token %s' >&2\nexit 1" % SECRET,
+    # An engine that dies of a signal (a segfault in a native extension), its last words said first.
+    "killed": "echo 'Fatal Python error: Segmentation fault' >&2\nkill -SEGV $$",
 }
 
 
@@ -308,6 +310,8 @@ def test_the_timeout_kills_the_checks_whole_process_group(fake):
     ("non-utf8-no-marker", "the engine's Python exited with status 4 and its answer line is missing; "
                            "its last words: last \\xff\\xfe words"),
     ("huge", "the engine's Python exited with status 0 and its answer line is missing; its last words: bbbb"),
+    ("killed", "the engine's Python was killed by signal 11 and its answer line is missing; "
+               "its last words: Fatal Python error: Segmentation fault"),
 ])
 def test_an_answer_that_lies_or_floods_is_one_sentence(fake, name, said):
     result = dry_run(liar(fake, name))
