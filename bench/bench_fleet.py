@@ -43,6 +43,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,9 +180,12 @@ def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes"
     variant = variant or {}
     repo = variant.get("repo") or REPO
     control = Path(tempfile.mkdtemp(prefix="cp-", dir=work))
+    # The ControlPath sockets in a short directory of their own: a socket's path holds at most 107
+    # bytes, and ssh refuses a longer one (a pytest-xdist worker's tmp_path is long enough).
+    sockets = tempfile.mkdtemp(prefix="cp-")
     # The host contacts, counted (a shell and a printf each: about a millisecond of controller CPU).
     wrapper, ssh_log = ssh_counter(control)
-    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=str(control), ANSIBLE_SSH_EXECUTABLE=str(wrapper),
+    env = dict(os.environ, ANSIBLE_SSH_CONTROL_PATH_DIR=sockets, ANSIBLE_SSH_EXECUTABLE=str(wrapper),
                BENCH_SSH_LOG=str(ssh_log), **variant.get("env", {}))
     argv = [ANSIBLE_PLAYBOOK, "playbooks/reset.yml", "-i", str(fleet.inventory), "-l", limit,
             "--forks", str(forks), "-e", f"fleet_report_path={reports}"]
@@ -195,6 +199,8 @@ def reset(fleet, forks, reports: Path, work: Path, label: str, limit="gpu_nodes"
         os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
         main_s, children_s = zombie_times(proc.pid)
         status = proc.wait()
+    # No later run reuses them (each starts cold); the masters exit by themselves once idle (ControlPersist).
+    shutil.rmtree(sockets, ignore_errors=True)
     output = log.read_text()
     if status != 0:
         raise SystemExit(f"reset.yml ({label}) exited {status}:\n{output[-4000:]}")

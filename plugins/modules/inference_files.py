@@ -39,6 +39,12 @@ description:
     would be refused by every start until its limit is cleared; the start that follows is an explicit one, not a
     crash loop. A unit that systemd unloaded has no failed state or start limit left (C(not loaded)). The role reads
     the state to choose between start, restart and leaving the server running.
+  - With O(unit.start) as well, the same contact then starts the unit when it is stopped (C(inactive) or C(failed)),
+    after C(systemctl daemon-reload) when its file changed, so that the start of a server after a reset costs no
+    task and no host contact of its own. It starts only a loaded unit whose C(UnitFileState) already is what O(unit.enabled)
+    asks (V(enabled), or V(disabled)); any other unit (not loaded, masked, static, about to be enabled or disabled,
+    running, stopping) is left as it is and RV(unit.start_left) says why, for the caller's
+    M(ansible.builtin.systemd_service). A running unit is never restarted here.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -46,7 +52,7 @@ attributes:
   check_mode:
     details:
       - Nothing is written; RV(unit) and RV(secret_files) say what would be done and C(changed) whether anything would change.
-      - With O(unit.prepare_start), the unit's state is read, and no failed state is cleared.
+      - With O(unit.prepare_start), the unit's state is read, and no failed state is cleared; O(unit.start) starts nothing.
   diff_mode:
     support: partial
     details:
@@ -93,6 +99,18 @@ options:
             running (see the description). The unit's name is the file name of O(unit.path).
         type: bool
         default: false
+      start:
+        description:
+          - With O(unit.prepare_start), start the unit when it is stopped and its enablement is already O(unit.enabled)
+            (see the description).
+        type: bool
+        default: false
+      enabled:
+        description:
+          - The enablement (C(systemctl enable)) the caller wants. O(unit.start) starts only a unit whose unit file
+            already is so, and never enables or disables one.
+        type: bool
+        default: true
   secret_files:
     description: The files that hold secrets, each written or removed.
     type: list
@@ -201,11 +219,26 @@ unit:
       type: str
       returned: with O(unit.prepare_start)
       sample: failed
+    unit_file_state:
+      description: The unit's C(UnitFileState) then (V(enabled), V(disabled), V(static), ...; empty for a unit systemd has not loaded).
+      type: str
+      returned: with O(unit.prepare_start)
+      sample: enabled
     cleared:
       description: Whether a failed state was cleared (it counts as a change; never in check mode).
       type: bool
       returned: with O(unit.prepare_start)
       sample: true
+    started:
+      description: Whether this task started the unit (it counts as a change; never in check mode).
+      type: bool
+      returned: with O(unit.start)
+      sample: true
+    start_left:
+      description: Why the unit was not started here, for the caller's own start; empty when it was started.
+      type: str
+      returned: with O(unit.start)
+      sample: "its unit file is disabled, not enabled"
 secret_files:
   description: What was done to each secret file, in the order given; never their texts.
   returned: always
@@ -499,7 +532,8 @@ def main():
             unit=dict(type="dict", required=True, options=dict(
                 file_options, content=dict(type="str", required=True), marker=dict(type="str", required=True),
                 adopt=dict(type="bool", default=False), mode=dict(type="str", default="0644"),
-                group=dict(type="str", default="root"), prepare_start=dict(type="bool", default=False))),
+                group=dict(type="str", default="root"), prepare_start=dict(type="bool", default=False),
+                start=dict(type="bool", default=False), enabled=dict(type="bool", default=True))),
             secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
                 file_options, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
                 state=dict(type="str", choices=["present", "absent"], default="present"))),
@@ -543,11 +577,18 @@ def main():
                 module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc), **public())
     result = dict(public(), changed=bool(changed))
     if systemctl is not None:
+        name, start = os.path.basename(unit["path"]), module.params["unit"]["start"]
         try:
-            result["unit"].update(prepare_start(module, systemctl, os.path.basename(unit["path"])))
+            if start and not module.check_mode and unit["action"] != "unchanged":
+                # systemd reads the new file before it is asked anything about the unit.
+                _systemctl_checked(module, systemctl, "daemon-reload", "daemon-reload")
+            state = prepare_start(module, systemctl, name)
+            if start:
+                state.update(start_stopped(module, systemctl, name, state, module.params["unit"]["enabled"]))
         except Refused as exc:
             module.fail_json(msg=str(exc), **result)
-        result["changed"] = result["changed"] or result["unit"]["cleared"]
+        result["unit"].update(state)
+        result["changed"] = result["changed"] or state["cleared"] or state.get("started", False)
     if module._diff:
         result["diff"] = dict(before=unit["before"], after=unit["content"].decode("utf-8"),
                               before_header=unit["path"], after_header=unit["path"])
@@ -566,16 +607,26 @@ def _systemctl_path(module) -> str:
     return systemctl
 
 
+def _systemctl_checked(module, systemctl, what, *args) -> str:
+    """systemctl's output; `systemctl <what>: ` and its own sentence as the refusal when it fails."""
+    rc, out, err = _systemctl(module, systemctl, *args)
+    if rc != 0:
+        raise Refused("systemctl %s: %s" % (what, (err or out).strip() or "exit status %d" % rc))
+    return out
+
+
 def prepare_start(module, systemctl, name) -> dict:
     """The unit's state, read after its files were written, and its failed state and start limit
     cleared when it is loaded and not running (never in check mode)."""
-    rc, out, err = _systemctl(module, systemctl, "show", "--property=LoadState", "--property=ActiveState", "--value", "--", name)
-    states = out.split("\n")
-    if rc != 0 or len(states) < 2:
-        raise Refused("systemctl show %s: %s" % (name, (err or out).strip() or "exit status %d" % rc))
-    load_state, active_state = states[0], states[1]
-    state = dict(load_state=load_state, active_state=active_state, cleared=False)
-    if module.check_mode or load_state == "not-found" or active_state in ("active", "activating", "reloading"):
+    # KEY=VALUE lines: systemctl prints the properties in its own order, not the order asked.
+    out = _systemctl_checked(module, systemctl, "show " + name, "show", "--property=LoadState", "--property=ActiveState",
+                             "--property=UnitFileState", "--", name)
+    shown = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    if "LoadState" not in shown or "ActiveState" not in shown:
+        raise Refused("systemctl show %s: %s" % (name, out.strip() or "no LoadState or ActiveState"))
+    state = dict(load_state=shown["LoadState"], active_state=shown["ActiveState"], cleared=False)
+    state["unit_file_state"] = shown.get("UnitFileState", "")
+    if module.check_mode or state["load_state"] == "not-found" or state["active_state"] in ("active", "activating", "reloading"):
         return state
     rc, out, err = _systemctl(module, systemctl, "reset-failed", "--", name)
     if rc != 0:
@@ -583,8 +634,26 @@ def prepare_start(module, systemctl, name) -> dict:
             return state
         raise Refused("systemctl reset-failed %s: %s" % (name, (err or out).strip() or "exit status %d" % rc))
     # An inactive unit had a start limit at most to clear: only a failed state's clearing is a change.
-    state["cleared"] = active_state == "failed"
+    state["cleared"] = state["active_state"] == "failed"
     return state
+
+
+def start_stopped(module, systemctl, name, state, enabled) -> dict:
+    """Start the unit prepare_start read as stopped, when nothing but a start is due: any other
+    case (check mode, not loaded, running or stopping, enablement to change) is the caller's."""
+    wanted = "enabled" if enabled else "disabled"
+    if module.check_mode:
+        left = "check mode starts nothing"
+    elif state["load_state"] != "loaded":
+        left = "systemd has not loaded it (%s)" % state["load_state"]
+    elif state["active_state"] not in ("inactive", "failed"):
+        left = "it is %s" % state["active_state"]
+    elif state["unit_file_state"] != wanted:
+        left = "its unit file is %s, not %s" % (state["unit_file_state"] or "of no state", wanted)
+    else:
+        _systemctl_checked(module, systemctl, "start " + name, "start", "--", name)
+        return dict(started=True, start_left="")
+    return dict(started=False, start_left=left)
 
 
 def _public(plan) -> dict:

@@ -29,8 +29,11 @@ description:
     time of the last success, which a failed run must not lose.
   - When O(path) does not exist, nothing is written, RV(written) is false and a warning says so, and why
     (node_exporter's package creates the directory; a host without it has no collector to read the file).
+  - With O(files), several such files are written in one task and one host contact, each as above and each on its
+    own. A file that cannot be written leaves the others written, and the task fails after the last one, naming it.
   - The roles C(cleanslate.gpu.node_reset) and C(cleanslate.gpu.inference_service) call it with the families
-    of the filter C(cleanslate.gpu.metric_families); docs/observability.md lists the metrics.
+    of the filter C(cleanslate.gpu.metric_families); docs/observability.md lists the metrics. The playbook
+    C(reset_and_serve.yml) writes every file of its run at its end, with O(files).
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - cleanslate.gpu.attributes
@@ -52,13 +55,11 @@ options:
     description:
       - The file's name without C(.prom), made of letters, digits, C(_), C(.), C(@), C(:) and C(-), not starting with a dot.
     type: str
-    required: true
   families:
     description:
-      - The metric families, in the order they are written.
+      - The metric families, in the order they are written. With O(name), required; O(files) takes neither.
     type: list
     elements: dict
-    required: true
     suboptions:
       name:
         description: The metric name.
@@ -88,6 +89,12 @@ options:
       - The file's permissions, octal. The collector's user (C(prometheus) on Debian) must be able to read it.
     type: str
     default: "0644"
+  files:
+    description:
+      - Several files, each C({path, name, families, mode}) as the options of the same names (O(path) and O(mode) have
+        the same defaults), written in the order given. Not with O(name) or O(families).
+    type: list
+    elements: dict
 notes:
   - The file names no host. node_exporter's own C(instance) label says which host it came from, and the roles
     add a C(host) label with the inventory name.
@@ -108,6 +115,14 @@ EXAMPLES = r"""
           - labels: {host: "{{ inventory_hostname }}"}
             value: now
 
+- name: Write two files in one host contact
+  cleanslate.gpu.textfile_metrics:
+    files:
+      - name: backup
+        families: [{name: backup_last_run_timestamp_seconds, samples: [{value: now}]}]
+      - name: restore
+        families: [{name: restore_last_run_timestamp_seconds, samples: [{value: now}]}]
+
 - name: Write node_reset's metrics, as the role does
   cleanslate.gpu.textfile_metrics:
     name: "{{ __metrics.name }}"
@@ -119,7 +134,7 @@ EXAMPLES = r"""
 RETURN = r"""
 path:
   description: The file's path.
-  returned: always
+  returned: with O(name)
   type: str
   sample: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom
 written:
@@ -147,6 +162,14 @@ removed_temporaries:
   type: list
   elements: str
   sample: [.cleanslate_gpu_node_reset.prom.4242-918273.k3j2h1g0.tmp]
+files:
+  description:
+    - With O(files), what each file's write returned (the keys above, C(changed), and C(msg) for a file that was not
+      written), in the order given.
+  returned: with O(files)
+  type: list
+  elements: dict
+  sample: [{path: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom, written: true, changed: true}]
 """
 
 import os
@@ -154,6 +177,7 @@ import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.cleanslate.gpu.plugins.module_utils._textfile import TextfileError, parse, render, write_atomically
 
 FILE_NAME = re.compile(r"[A-Za-z0-9_@:-][A-Za-z0-9_.@:-]{0,199}\Z")
@@ -199,59 +223,107 @@ def families_to_write(families, previous, now):
     return result, kept
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", default="/var/lib/prometheus/node-exporter"),
-            name=dict(type="str", required=True),
-            families=dict(type="list", elements="dict", required=True, options=dict(
-                name=dict(type="str", required=True),
-                help=dict(type="str"),
-                type=dict(type="str", choices=["gauge", "counter", "untyped"], default="gauge"),
-                samples=dict(type="list", elements="dict", default=[]),
-                keep_previous=dict(type="bool", default=False),
-            )),
-            mode=dict(type="str", default="0644"),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    directory, name = params["path"], params["name"]
+FAMILY_OPTIONS = dict(
+    name=dict(type="str", required=True),
+    help=dict(type="str"),
+    type=dict(type="str", choices=["gauge", "counter", "untyped"], default="gauge"),
+    samples=dict(type="list", elements="dict", default=[]),
+    keep_previous=dict(type="bool", default=False),
+)
+FILE_OPTIONS = dict(
+    path=dict(type="path", default="/var/lib/prometheus/node-exporter"),
+    name=dict(type="str", required=True),
+    families=dict(type="list", elements="dict", required=True, options=FAMILY_OPTIONS),
+    mode=dict(type="str", default="0644"),
+)
+
+
+class Unwritten(Exception):
+    """A file that was not written: the sentence, and what is known of the file."""
+
+    def __init__(self, msg, **result):
+        super().__init__(msg)
+        self.result = result
+
+
+def write_file(module, spec) -> dict:
+    """One file: its result as the module returns it (its diff under `diff`); Unwritten when it cannot be."""
+    directory, name = spec["path"], spec["name"]
     if not directory or not os.path.isabs(directory):
-        module.fail_json(msg="path must be an absolute directory, got %r" % directory)
+        raise Unwritten("path must be an absolute directory, got %r" % directory)
     if not FILE_NAME.match(name or ""):
-        module.fail_json(msg="name must be 1 to 200 letters, digits or _ . @ : - and not start with a dot, got %r" % name)
-    if not MODE.match(params["mode"] or ""):
-        module.fail_json(msg="mode must be octal permissions such as 0644, got %r" % params["mode"])
+        raise Unwritten("name must be 1 to 200 letters, digits or _ . @ : - and not start with a dot, got %r" % name)
+    if not MODE.match(spec["mode"] or ""):
+        raise Unwritten("mode must be octal permissions such as 0644, got %r" % spec["mode"])
     target = os.path.join(directory, name + ".prom")
     if not os.path.isdir(directory):
         # A warning, not only msg (which a task that is ok never prints): the run says its metrics went nowhere.
         missing = NO_DIRECTORY % directory
         module.warn(missing)
-        module.exit_json(changed=False, written=False, path=target, msg=missing)
+        return dict(changed=False, written=False, path=target, msg=missing)
     try:
         with open(target, "rb") as handle:
             before = handle.read().decode("utf-8", "backslashreplace")
     except FileNotFoundError:
         before = ""
     except OSError as exc:
-        module.fail_json(msg="cannot read the previous %s: %s" % (target, exc.strerror), path=target)
+        raise Unwritten("cannot read the previous %s: %s" % (target, exc.strerror), path=target) from exc
     try:
-        families, kept = families_to_write(params["families"], parse(before), round(time.time(), 3))
+        families, kept = families_to_write(spec["families"], parse(before), round(time.time(), 3))
         content = render(families)
     except TextfileError as exc:
-        module.fail_json(msg=str(exc), path=target)
+        raise Unwritten(str(exc), path=target) from exc
     changed = content != before
     result = dict(changed=changed, written=False, path=target, content=content, kept_previous=kept)
     if module._diff:
         result["diff"] = {"before": before, "after": content, "before_header": target, "after_header": target}
     if changed and not module.check_mode:
         try:
-            result["removed_temporaries"] = write_atomically(directory, name + ".prom", content, int(params["mode"], 8))
+            result["removed_temporaries"] = write_atomically(directory, name + ".prom", content, int(spec["mode"], 8))
         except OSError as exc:
-            module.fail_json(msg="cannot write %s: %s" % (target, exc.strerror or exc), path=target)
+            raise Unwritten("cannot write %s: %s" % (target, exc.strerror or exc), path=target) from exc
         result["written"] = True
-    module.exit_json(**result)
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            FILE_OPTIONS,
+            name=dict(type="str"),
+            families=dict(type="list", elements="dict", options=FAMILY_OPTIONS),
+            # Each entry is checked against FILE_OPTIONS below: the options of the same names, documented once.
+            files=dict(type="list", elements="dict"),
+        ),
+        required_one_of=[("name", "files")],
+        mutually_exclusive=[("name", "files"), ("families", "files")],
+        required_together=[("name", "families")],
+        supports_check_mode=True,
+    )
+    if module.params["files"] is None:
+        try:
+            module.exit_json(**write_file(module, module.params))
+        except Unwritten as exc:
+            module.fail_json(msg=str(exc), **exc.result)
+    results, unwritten, specs = [], [], []
+    for index, entry in enumerate(module.params["files"]):
+        checked = ArgumentSpecValidator(FILE_OPTIONS).validate(entry)
+        if checked.error_messages:
+            module.fail_json(msg="files[%d]: %s" % (index, "; ".join(checked.error_messages)))
+        specs.append(checked.validated_parameters)
+    for spec in specs:
+        try:
+            results.append(write_file(module, spec))
+        except Unwritten as exc:
+            results.append(dict(exc.result, changed=False, written=False, failed=True, msg=str(exc)))
+            unwritten.append(str(exc))
+    answer = dict(changed=any(result["changed"] for result in results),
+                  files=[{key: value for key, value in result.items() if key != "diff"} for result in results])
+    if module._diff:
+        answer["diff"] = [result["diff"] for result in results if "diff" in result]
+    if unwritten:
+        module.fail_json(msg="; ".join(unwritten), **answer)
+    module.exit_json(**answer)
 
 
 if __name__ == "__main__":

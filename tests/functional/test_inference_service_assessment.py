@@ -28,8 +28,10 @@ PROBES = {
 }
 
 
-def run_tasks(tmp_path, restarted=False):
-    """{verdict: (the assessment, the gate's baseline)} from the role's own task and expression."""
+def run_tasks(tmp_path, restarted=False, started_with_files=False):
+    """{verdict: (the assessment, the gate's baseline)} from the role's own task and expressions (the
+    start of this run, whichever task did it: vars/main.yml's __inference_service_start)."""
+    start = yaml.safe_load((REPO / "roles/inference_service/vars/main.yml").read_text())["__inference_service_start"]
     tasks = yaml.safe_load((REPO / "roles/inference_service/tasks/assess.yml").read_text())
     record = dict(next(task for task in tasks if task["name"] == "Record what the look found"))
     record.pop("when")
@@ -43,7 +45,9 @@ def run_tasks(tmp_path, restarted=False):
                       "content": "{{ {'assessment': inference_service_assessment, 'baseline': (%s)} | to_json }}"
                                  % baseline.strip().replace("{{", "").replace("}}", "")},
                   "vars": {"__inference_service_restarted": {"changed": restarted},
-                           "__inference_service_started": {"changed": False}}}]}
+                           "__inference_service_started": {"skipped": True} if started_with_files else {"changed": False},
+                           "__inference_service_unit_state": {"started": started_with_files},
+                           "__inference_service_start": start}}]}
              for name, probe in PROBES.items()]
     playbook = tmp_path / "play.yml"
     playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
@@ -66,4 +70,11 @@ def test_only_unhealthy_and_hung_are_reset_and_the_gate_adopts_a_loading_invocat
 
 def test_a_unit_this_run_restarted_is_gated_from_its_new_invocation(tmp_path):
     seen = run_tasks(tmp_path, restarted=True)
+    assert seen["loading"]["baseline"] == {}, seen["loading"]
+
+
+def test_a_unit_the_files_task_started_is_gated_from_its_new_invocation(tmp_path):
+    """The start after a reset is the files task's (inference_files' unit.start; service.yml's start is
+    skipped): a loading invocation the look saw is not the one this run started."""
+    seen = run_tasks(tmp_path, started_with_files=True)
     assert seen["loading"]["baseline"] == {}, seen["loading"]

@@ -297,3 +297,44 @@ def test_the_next_write_removes_a_crashed_writers_temporary_and_nothing_else(tmp
     # Check mode removes nothing.
     (tmp_path / crashed).write_text("half\n")
     assert not write(tmp_path, good, check=True)["written"] and (tmp_path / crashed).exists()
+
+
+def test_files_writes_each_file_on_its_own_and_fails_after_the_last_naming_the_bad_one(tmp_path):
+    """reset_and_serve.yml writes every metrics file of its run in one contact (issue 42): a file refused
+    (here a bad family) keeps its old text and fails the task by name, the files before and after it
+    are written; one whose directory is missing is a warning, not a failure."""
+    good = [family("cleanslate_gpu_run_ok", [{"labels": {"host": "n"}, "value": 1}])]
+    assert write(tmp_path, good, name="cleanslate_gpu_middle")["written"]
+    before = (tmp_path / "cleanslate_gpu_middle.prom").read_bytes()
+    files = [{"path": str(tmp_path), "name": "cleanslate_gpu_first", "families": good},
+             {"path": str(tmp_path), "name": "cleanslate_gpu_middle", "families": [family("1bad", [{"value": 1}])]},
+             {"path": str(tmp_path / "absent"), "name": "cleanslate_gpu_nowhere", "families": good},
+             {"path": str(tmp_path), "name": "cleanslate_gpu_last", "families": good, "mode": "0640"}]
+    result = run_module("textfile_metrics", {"files": files})
+    assert result.get("failed") and "not a Prometheus metric name" in result["msg"], result
+    assert [(entry["written"], entry.get("failed", False)) for entry in result["files"]] == [
+        (True, False), (False, True), (False, False), (True, False)], result["files"]
+    assert parsed(tmp_path / "cleanslate_gpu_first.prom")["cleanslate_gpu_run_ok"] == [({"host": "n"}, 1.0, None)]
+    assert (tmp_path / "cleanslate_gpu_last.prom").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "cleanslate_gpu_middle.prom").read_bytes() == before
+    assert not (tmp_path / "absent").exists()
+    assert any("%s does not exist" % (tmp_path / "absent") in str(warning) for warning in result.get("warnings", []))
+    again = run_module("textfile_metrics", {"files": [files[0], files[3]]}, check=True, diff=True)
+    assert again["rc"] == 0 and not again["changed"] and len(again["diff"]) == 2, again
+
+
+@pytest.mark.parametrize("params", [{"name": "cleanslate_gpu_t"}, {"families": []},
+                                    {"name": "cleanslate_gpu_t", "families": [], "files": []}, {}])
+def test_name_with_families_or_files_alone(tmp_path, params):
+    result = run_module("textfile_metrics", dict(params, path=str(tmp_path)))
+    assert result.get("failed") and list(tmp_path.iterdir()) == [], result
+
+
+@pytest.mark.parametrize("entry, words", [({"name": "cleanslate_gpu_t"}, "families"),
+                                          ({"name": "cleanslate_gpu_t", "families": [{"help": "x"}]}, "name"),
+                                          ({"name": "cleanslate_gpu_t", "families": [], "colour": "red"}, "colour")])
+def test_a_bad_entry_of_files_is_refused_before_any_file_is_written(tmp_path, entry, words):
+    good = {"path": str(tmp_path), "name": "cleanslate_gpu_good", "families": [family("ok_name", [{"value": 1}])]}
+    result = run_module("textfile_metrics", {"files": [good, dict(entry, path=str(tmp_path))]})
+    assert result.get("failed") and result["msg"].startswith("files[1]: ") and words in result["msg"], result
+    assert list(tmp_path.iterdir()) == []

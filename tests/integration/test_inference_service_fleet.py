@@ -380,6 +380,37 @@ def test_a_unit_held_by_its_start_limit_is_cleared_and_served_again(served):
         served.heal("node2")
 
 
+def test_a_stopped_unit_is_started_with_its_new_file_by_the_files_task_and_one_to_enable_by_systemd(served):
+    """Issue 42: the task that writes the unit's files starts a stopped unit in the same contact
+    (service.yml's start is skipped), after a daemon-reload when its file changed, so that the new
+    command line is what runs; a unit whose enablement must change first is left to systemd_service,
+    which enables it and starts it."""
+    fleet = served.fleet
+    try:
+        fleet.run("node1", ["systemctl", "stop", UNIT])
+        served.vars["node1"]["inference_service_max_model_len"] = 2048
+        proc, report = served.play(limit="node1")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert re.search(r"Start the server\] \**\nskipping: \[node1\]", proc.stdout), proc.stdout[-6000:]
+        assert rows_by_host(report)["node1"]["service"]["status"] == "ready"
+        argv = served.cmdline("node1", served.main_pid("node1"))
+        assert argv[argv.index("--max-model-len") + 1] == "2048", argv  # systemd had read the new file
+        assert "changed on disk" not in fleet.run("node1", ["systemctl", "status", "--no-pager", UNIT], check=False).stdout
+
+        # Back to the base configuration, from a disabled and stopped unit: served as the module found it.
+        served.vars["node1"] = base_vars("node1")
+        fleet.run("node1", ["systemctl", "disable", "--now", UNIT])
+        proc, report = served.play(limit="node1")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert re.search(r"Start the server\] \**\nchanged: \[node1\]", proc.stdout), proc.stdout[-6000:]
+        assert fleet.run("node1", ["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled"
+        assert served.show("node1", "ActiveState")["ActiveState"] == "active"
+        assert rows_by_host(report)["node1"]["service"]["status"] == "ready"
+    except BaseException:
+        served.heal("node1")
+        raise
+
+
 def test_a_server_that_never_gets_ready_fails_at_the_deadline_with_progress_lines(served):
     served.fault("node3", fault="never_ready")
     served.vars["node3"].update(inference_service_ready_timeout=4, inference_service_progress_interval=1)
