@@ -224,6 +224,9 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(served):
     assert proc.returncode == 0, proc.stdout[-6000:]
     assert {name: recap(proc.stdout)[name]["changed"] for name in HOSTS} == {name: 0 for name in HOSTS}
     assert {name: served.main_pid(name) for name in HOSTS} == before
+    # A running server whose unit is enabled costs no host contact to start (issue 42).
+    start = re.search(r"Start the server\] \**\n(.*?)\n\n", proc.stdout, re.S)
+    assert start and set(re.findall(r"^(\w+): ", start.group(1), re.M)) == {"skipping"}, proc.stdout[-6000:]
     for name, row in rows_by_host(report).items():
         assert row["service"]["status"] == "ready" and row["service"]["ready_s"] is None
         assert row["status"] == "ok" and row["killed"] == 0  # healthy: no reset
@@ -396,6 +399,15 @@ def test_a_stopped_unit_is_started_with_its_new_file_by_the_files_task_and_one_t
         argv = served.cmdline("node1", served.main_pid("node1"))
         assert argv[argv.index("--max-model-len") + 1] == "2048", argv  # systemd had read the new file
         assert "changed on disk" not in fleet.run("node1", ["systemctl", "status", "--no-pager", UNIT], check=False).stdout
+
+        # Running, made disabled by hand: systemd_service enables it again, and it keeps running.
+        pid = served.main_pid("node1")
+        fleet.run("node1", ["systemctl", "disable", UNIT])
+        proc, report = served.play(limit="node1")
+        assert proc.returncode == 0, proc.stdout[-6000:]
+        assert re.search(r"Start the server\] \**\nchanged: \[node1\]", proc.stdout), proc.stdout[-6000:]
+        assert fleet.run("node1", ["systemctl", "is-enabled", UNIT], check=False).stdout.strip() == "enabled"
+        assert served.main_pid("node1") == pid
 
         # Back to the base configuration, from a disabled and stopped unit: served as the module found it.
         served.vars["node1"] = base_vars("node1")

@@ -9,18 +9,17 @@ import subprocess
 import sys
 
 from tools import versions
-from tools.versions import LOGGING_PYTHON, logged_versions
 
 
 def test_every_module_run_is_recorded_with_its_version_when_runs_overlap(tmp_path):
     log = tmp_path / "runs"
     log.mkdir()
     wrapper = tmp_path / "python-logged"
-    wrapper.write_text(LOGGING_PYTHON % {"version": "X.Y", "python": sys.executable, "log": log})
+    wrapper.write_text(versions.LOGGING_PYTHON % {"version": "X.Y", "python": sys.executable, "log": log})
     wrapper.chmod(0o755)
     runs = [subprocess.Popen([str(wrapper), "-c", "pass"]) for _run in range(60)]
     assert all(run.wait(timeout=120) == 0 for run in runs)
-    assert logged_versions(log) == [platform.python_version()] * 60
+    assert versions.logged_versions(log) == [platform.python_version()] * 60
 
 
 def test_every_test_file_the_tool_names_exists():
