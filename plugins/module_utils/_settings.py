@@ -438,7 +438,9 @@ SETTINGS = (
             range=Range(above=0, maximum=3600, unit='seconds'),
             passes=(Pass(GATE, description=('Seconds between two health polls.',)),
                     Pass(PROBE)),
-            description=('Seconds between two readiness polls; readiness is seen within one poll interval.',)),
+            description=('Seconds between two readiness polls; readiness is seen within one poll interval. While the '
+                         'server refuses connections, its port is tried again between polls, many times a second, and the next '
+                         'poll comes as soon as it listens.',)),
     Setting('progress_interval',
             'int',
             default=30,

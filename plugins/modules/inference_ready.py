@@ -482,6 +482,7 @@ journal_errors:
   version_added: 0.3.0
 """
 
+import errno
 import ipaddress
 import json
 import math
@@ -569,6 +570,8 @@ CAUSE_MARKERS = ("hit an exception",)
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens")
 # How many unreadable pids a sentence names before it says "and N more".
 SHOWN_PIDS = 12
+# Between two polls of a server that refuses connections, how often its port is tried (until_accepting).
+ACCEPT_STEP = 0.05
 # What a server this run did not start may be, besides healthy, and be left running (never reset
 # for it, reset_and_serve.yml): the gate reports it at once rather than waiting for the deadline.
 LEFT_RUNNING = ("slow", "unproven")
@@ -846,7 +849,8 @@ def wait_healthy(module, params, baseline, mask):
 
     The health probe comes first and its answer is timed before the unit is read, and polls
     keep a fixed cadence (the time a poll takes is not added to the interval): readiness is
-    seen within one poll interval."""
+    seen within one poll interval, and within ACCEPT_STEP of the port's opening for a server
+    that refused connections until then (until_accepting)."""
     started = time.monotonic()
     deadline = started + max(0.0, params["wait"])
     polls = 0
@@ -884,8 +888,38 @@ def wait_healthy(module, params, baseline, mask):
                     return "unproven", "%s, but %s" % (seen, foreign), state, baseline, polls, seen_at
         if healthy or seen_at >= deadline or left_running(params, verdict):
             return verdict, seen, state, baseline, polls, seen_at
-        next_poll = started + polls * params["poll_interval"]
-        time.sleep(max(0.0, min(next_poll, deadline) - time.monotonic()))
+        next_poll = min(started + polls * params["poll_interval"], deadline)
+        if seen == "connection refused":
+            until_accepting(params, next_poll)
+        else:
+            time.sleep(max(0.0, next_poll - time.monotonic()))
+
+
+def until_accepting(params, until):
+    """Sleep until `until` (monotonic), or less: until the server's port no longer refuses a bare TCP
+    connection. A server starting after a reset listens within a second of its start, when its
+    model is small, and the gate polls it then, not up to a poll interval later. A refused
+    connection costs the server nothing; the one accepted is closed before any request (no request
+    the server logs or answers). Anything but a refusal ends the wait: the poll judges it."""
+    host = urlsplit(params["base"]).hostname
+    try:
+        addresses = socket.getaddrinfo(host, params["port"], type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):  # a name that does not resolve now: the poll says so
+        addresses = []
+    while addresses:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        for family, kind, proto, _name, address in addresses:
+            try:
+                with socket.socket(family, kind, proto) as attempt:
+                    attempt.settimeout(min(ACCEPT_STEP, left))
+                    if attempt.connect_ex(address) != errno.ECONNREFUSED:
+                        return
+            except OSError:  # no socket to be had (out of descriptors): the poll's own try says what
+                return
+        time.sleep(max(0.0, min(ACCEPT_STEP, until - time.monotonic())))
+    time.sleep(max(0.0, until - time.monotonic()))
 
 
 def left_running_reason(params, verdict, seen):

@@ -4,6 +4,8 @@ and restarts). The stand-in helpers are in standin.py."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import pytest
 
@@ -51,6 +53,25 @@ def test_a_wait_that_runs_out_returns_waiting_with_what_it_saw(node):  # noqa: F
         result = gate(served, wait=0.5)
         assert result["rc"] == 0 and result["state"] == "waiting" and not result["healthy"]
         assert result["last_seen"] == "connection refused"
+
+
+def test_a_server_that_opens_its_port_between_two_polls_is_polled_then_not_a_poll_interval_later(node):  # noqa: F811
+    hold = node["tmp"] / "loading"
+    hold.touch()
+    with engine(node, "vllm", ["--served-model-name", "llama"], STANDIN_LOAD_S=0, STANDIN_HOLD_FILE=hold) as served:
+        threading.Timer(0.5, hold.unlink).start()
+        started = time.monotonic()
+        result = gate(served, poll_interval=60, wait=120, completions=1)
+        # The second poll was due 60 s after the first: the gate came back long before, at its answer.
+        assert time.monotonic() - started < 30, result
+        assert result["state"] == "ready" and result["polls"] == 2, result
+
+
+def test_a_port_that_keeps_refusing_is_polled_at_the_poll_interval_only(node):  # noqa: F811
+    with engine(node, "vllm", [], STANDIN_FAULT="never_ready") as served:
+        result = gate(served, poll_interval=0.5, wait=1.2)
+        # At 0, 0.5, 1.0 and the deadline: the tries of the port between polls are no polls.
+        assert result["state"] == "waiting" and result["polls"] == 4, result
 
 
 def test_sglang_is_ready_only_after_its_warmup_and_ready_endpoint(node):  # noqa: F811
