@@ -22,6 +22,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _settings
 from ansible_collections.cleanslate.gpu.plugins.module_utils._secrets import Masker
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._module_answer import lift_messages
 
 display = Display()
 MODULE = "cleanslate.gpu.inference_ready"
@@ -59,6 +60,9 @@ class ActionModule(ActionBase):
             return dict(result, failed=True, msg=str(exc))
         if args.get("mode", "gate") == "probe":
             result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
+            # The second look's warnings (a kernel log it could not read) are the task's, as its own task's were.
+            if isinstance(result.get("xid_look"), dict):
+                lift_messages(result["xid_look"], result)
             return result
         # The options read here, not by the module: their ranges are the role's settings'.
         spec = _settings.argument_spec(_settings.GATE)

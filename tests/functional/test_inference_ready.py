@@ -127,6 +127,7 @@ def test_probe_of_a_closed_port_is_unhealthy_not_failed(node):  # noqa: F811
     ({"completions": 0}, "completions is 0: it must be a whole number of completions from 1 to 100"),
     ({"max_tokens": -5}, "max_tokens is -5: it must be a whole number of tokens from 1 to 1048576"),
     ({"settings": {"poll_interval": 1}}, "settings is spread into options by the action plugin"),
+    ({"xid": {"checks": ["xid"]}}, "xid is a second look of mode=probe; the gate (mode=gate) reads no Xid records"),
     ({"engine": "tgi"}, "value of engine must be one of: %s" % ", ".join(ENGINES)),
 ])
 def test_bad_parameters_fail_before_any_request(params, message):

@@ -62,3 +62,27 @@ def test_an_unreadable_log_is_a_warning_not_a_failure(fake_nvml, tmp_path):
     assert result["ok"] and result["xid_action"] is None
     assert "cannot be read" in result["xid_log_problem"]
     assert "cannot be read" in str(result.get("warnings"))
+
+
+def test_the_probe_reads_the_xid_records_in_its_own_process_and_fails_nothing_for_them(fake_nvml, tmp_path):
+    """reset_and_serve.yml's look of one server (issue 42): the probe and the kernel log's read in one
+    module run. nvml_verify's answer comes back whole, its own failure (the record) inside it; the probe
+    of a server that is not there is still its verdict, not a failed task."""
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+                    % bus_of(fake_nvml, 1))
+    probe = {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "llama", "mode": "probe", "poll_interval": 0.1}
+    xid = {"checks": ["xid"], "timeout": 0, "gpus": [], "xid_log_path": str(log)}
+    result = run_module("inference_ready", dict(probe, xid=xid), env=fake_nvml.env())
+    assert result["rc"] == 0 and not result.get("failed") and result["verdict"] == "unhealthy", result
+    look = result["xid_look"]
+    assert look["failed"] and look["xid_action"] == "needs_reboot", look
+    assert [gpu["xid_action"] for gpu in look["gpus"]] == [None, "needs_reboot"] + [None] * (len(look["gpus"]) - 2)
+    row = node_reset_result({"nvml_verify": look}, "gpu-node-1")
+    assert row["status"] == "needs_reboot" and any("Xid 79" in problem for problem in row["problems"])
+    # Arguments nvml_verify refuses are its answer's failure too, with its own sentence; the probe still answers.
+    refused = run_module("inference_ready", dict(probe, xid={"checks": ["xid"], "timeout": -1}), env=fake_nvml.env())
+    assert refused["rc"] == 0 and refused["verdict"] == "unhealthy", refused
+    assert refused["xid_look"]["failed"] and "timeout" in refused["xid_look"]["msg"], refused["xid_look"]
+    # No xid, no second look.
+    assert "xid_look" not in run_module("inference_ready", probe, env=fake_nvml.env())

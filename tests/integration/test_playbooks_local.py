@@ -626,6 +626,9 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
         inference_service_engine_version="0.33.0", inference_service_unit="cleanslate-xid-test.service",
         inference_service_config_dir=str(config_dir), node_reset_metrics_dir=str(tmp_path / "metrics")), tmp_path)
     assert proc.returncode == 2, proc.stdout[-3000:]
+    # One server: its probe read the kernel log in its own host contact; no task of its own did (issue 42).
+    assert re.search(r"TASK \[Read the kernel log's Xid records of the servers' GPUs\] \**\nskipping: \[simulated-node\]",
+                     proc.stdout), proc.stdout[-3000:]
     # The metric CleanslateGpuNeedsReboot fires on (code: the newest of the worst class), written though nothing was reset.
     metrics = (tmp_path / "metrics" / "cleanslate_gpu_node_reset.prom").read_text()
     assert re.search(r'^cleanslate_gpu_reset_gpu_xid_action\{[^}]*action="needs_reboot"[^}]*code="154"[^}]*\} 1$',
