@@ -609,10 +609,13 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
     manifest = crashed_node
     every_pid = [entry["pid"] for entries in manifest["processes"].values() for entry in entries]
     config_dir = tmp_path / "etc"
+    # A process name is anyone's to choose: the line goes through the look's facts (the probe read it) untemplated.
+    ran = tmp_path / "template-ran"
+    hostile = b"{{ lookup('pipe', 'touch %s') }}" % str(ran).encode()
     log = tmp_path / "kern.log"
     log.write_bytes(b"\n".join([
         _xid_line(manifest, 1, 13, b"pid=4242, name=python3, Graphics SM Warp Exception"),
-        _xid_line(manifest, 0, 79, b"pid='<unknown>', name=<unknown>, GPU has fallen off the bus."),
+        _xid_line(manifest, 0, 79, b"pid='<unknown>', name=<unknown>, GPU has fallen off the bus. " + hostile),
         _xid_line(manifest, 0, 154, b"GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)"),
     ]) + b"\n")
     (tmp_path / "metrics").mkdir()
@@ -636,7 +639,9 @@ def test_reset_and_serve_resets_and_starts_nothing_on_a_host_whose_gpu_xid_needs
     row = rows["simulated-node"]
     assert row["status"] == "needs_reboot" and row["killed"] == 0, (row["status"], row["problems"])
     gpu0 = [problem for problem in row["problems"] if problem.startswith("GPU 0 (")]
-    assert any("needs_reboot: Xid 79" in problem and "fallen off the bus" in problem for problem in gpu0), gpu0
+    assert any("needs_reboot: Xid 79" in problem and "fallen off the bus. " + hostile.decode() in problem
+               for problem in gpu0), gpu0
+    assert not ran.exists()
     assert any("needs_reboot: Xid 154" in problem and "GPU Reset Required" in problem for problem in gpu0), gpu0
     assert not [problem for problem in row["problems"] if problem.startswith("GPU 1 (")], row["problems"]
     assert all(procinfo.alive(pid) for pid in every_pid), "a reset cannot help: nothing is signalled"
