@@ -188,12 +188,7 @@ def main():
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    checkouts = [Path(path).resolve() for path in args.versus]
-    missing = [str(path) for path in checkouts if not (path / "playbooks" / "reset_and_serve.yml").is_file()]
-    if missing:
-        parser.error("--versus %s: no playbooks/reset_and_serve.yml there" % ", ".join(missing))
-    if len(set(checkouts)) < len(checkouts) or REPO in checkouts:
-        parser.error("--versus: each checkout once, and not this one")
+    checkouts = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("inference_service", versus=checkouts)
     # The other trees' figures go by their tree and folder, e.g. "7f8f175 (base)".
     labels = ["%s (%s)" % (tree["label"], Path(tree["path"]).name) for tree in measured_on["versus"]]

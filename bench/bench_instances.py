@@ -15,10 +15,17 @@ engine, as tests/integration/test_several_servers_fleet.py does. Then, R times, 
 
 The timed run is `ansible-playbook playbooks/reset_and_serve.yml -l node1`, wall clock from
 start to exit, the host warm (its SSH reached just before by the untimed run or the timed run
-before, as a fleet's hosts are). The cost of an instance is (four - one) / 3: what each healthy neighbour adds to
-the reset of one broken server (it is assessed, spared, rendered and its gate's looks run).
+before, as a fleet's hosts are), its host contacts (ssh clients started, bench/ssh_contacts.py) and
+the moment vllm-a serves again (the gate's first /health 200 plus its first completion).
+The cost of an instance is (four - one) / 3: what each healthy neighbour adds to the reset of one
+broken server (it is assessed, spared, rendered and its gate's looks run).
 
-JSON: build/bench/instances.json (every run, the medians, the ratio, the cost per instance).
+  --versus CHECKOUT   each timed run again with that checkout's playbook (its roles and collection
+                      link), vllm-a broken again before it, on the same host in the same round:
+                      two trees measured under the same load
+
+JSON: build/bench/instances.json (every run, the medians, the ratio, the cost per instance, and
+each other tree's medians).
 """
 from __future__ import annotations
 
@@ -42,14 +49,15 @@ from tests.integration.fleet import Fleet, engines  # noqa: E402
 from tests.integration.test_several_servers_fleet import (  # noqa: E402
     GPUS, HOST, INSTANCES, Node, break_api, unit)
 from bench import provenance  # noqa: E402
+from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402
 
 OUT = REPO / "build" / "bench" / "instances.json"
 LAYOUTS = {"one": ("a",), "four": tuple(INSTANCES)}
 
 
-def timed_run(node: Node, layout: str, served: bool) -> dict:
+def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
     """Serve the layout healthy (untimed) unless the last timed run `served` it, break vllm-a, then
-    time reset_and_serve.yml."""
+    time `repo`'s reset_and_serve.yml."""
     names = LAYOUTS[layout]
     if not served:
         others = [unit(name) for name in INSTANCES if name not in names]
@@ -58,63 +66,97 @@ def timed_run(node: Node, layout: str, served: bool) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(f"{layout}: serving healthy failed:\n{proc.stdout[-4000:]}")
     break_api(node, "a")
+    wrapper, ssh_log = ssh_counter(node.workdir)
+    env = dict(os.environ, ANSIBLE_SSH_EXECUTABLE=str(wrapper), BENCH_SSH_LOG=str(ssh_log))
     started = time.monotonic()
-    proc, report = node.play(names=names)
+    proc, report = node.play(names=names, repo=repo, env=env)
     wall = time.monotonic() - started
     if proc.returncode != 0 or node.health("a") != 200:
-        raise RuntimeError(f"{layout}: the timed run failed:\n{proc.stdout[-4000:]}")
+        raise RuntimeError(f"{layout} ({repo}): the timed run failed:\n{proc.stdout[-4000:]}")
     (host,) = [row for row in report["hosts"] if row["host"] == HOST]
-    return {"layout": layout, "wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 2),
+    # vllm-a served again: the gate's first /health 200 plus its first completion, on CLOCK_MONOTONIC,
+    # which the nspawn host shares with this machine (as bench_inference_service.py reads it).
+    service = next((row["service"] for row in host.get("instances", []) if row["unit"] == unit("a")), host.get("service"))
+    return {"layout": layout, "tree": str(repo), "wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 2),
+            "serving_s": round(service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0 - started, 2),
+            "host_contacts": len(contact_times(ssh_log)),
             "instances_reset": [row["unit"] for row in host.get("instances", []) if row.get("reset")] or [unit("a")],
             "host_module_s": host.get("seconds")}
 
 
-def measure(repeat: int) -> dict:
+def measure(repeat: int, versus=()) -> dict:
     lib = build_library(REPO / "build" / "fake_nvml")
     workdir = Path(tempfile.mkdtemp(prefix="bench-instances-"))
     fleet = Fleet(workdir / "fleet", hosts=1, gpus=GPUS, copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
     fleet.up()
     node = None
+    trees = [REPO, *versus]
     try:
         engines.install(fleet.hosts[HOST].root, gpus=GPUS)
         node = Node(fleet, workdir)
         runs = []
         for index in range(repeat):
             for layout in (("one", "four") if index % 2 == 0 else ("four", "one")):
-                # Each round starts with the layout the round before ended with: that timed run left
-                # it served healthy (its exit and vllm-a's /health checked), as the untimed run would.
-                runs.append(timed_run(node, layout, served=bool(runs) and runs[-1]["layout"] == layout))
-                print(json.dumps(runs[-1]), flush=True)
+                for repo in trees:
+                    # Each run starts with the layout the run before ended with: that timed run left
+                    # it served healthy (its exit and vllm-a's /health checked), as the untimed run would.
+                    runs.append(timed_run(node, layout, served=bool(runs) and runs[-1]["layout"] == layout, repo=repo))
+                    print(json.dumps(runs[-1]), flush=True)
     finally:
         # The node's HAProxy runs on this machine, the fleet's files under workdir: neither outlives the bench.
         if node is not None:
             node.haproxy.stop()
         fleet.down()
         shutil.rmtree(workdir, ignore_errors=True)
-    median = {layout: statistics.median(run["wall_s"] for run in runs if run["layout"] == layout) for layout in LAYOUTS}
+
+    def medians(tree, key="wall_s"):
+        mine = [run for run in runs if run["tree"] == str(tree)]
+        return {layout: statistics.median(run[key] for run in mine if run["layout"] == layout) for layout in LAYOUTS}
+    median, contacts, serving = medians(REPO), medians(REPO, "host_contacts"), medians(REPO, "serving_s")
     per_extra = round((median["four"] - median["one"]) / (len(INSTANCES) - 1), 2)
-    return {"repeat": repeat, "runs": runs, "median_wall_s": median,
-            "ratio_four_to_one": round(median["four"] / median["one"], 2), "per_extra_instance_s": per_extra,
-            # `python -m bench`'s rows: the run beside three healthy neighbours against the same run alone.
-            "summary": [{"measure": "serve: 1 broken of 4 instances", "ours_s": median["four"],
-                         "baseline": "the same server alone", "baseline_s": median["one"],
-                         "ratio": round(median["four"] / median["one"], 2), "target": None, "met": None},
-                        {"measure": "serve: each healthy instance adds", "ours_s": per_extra, "baseline": None,
-                         "baseline_s": None, "ratio": None, "target": None, "met": None}]}
+    doc = {"repeat": repeat, "runs": runs, "median_wall_s": median, "median_host_contacts": contacts,
+           "median_serving_s": serving,
+           "ratio_four_to_one": round(median["four"] / median["one"], 2), "per_extra_instance_s": per_extra,
+           # `python -m bench`'s rows: the run beside three healthy neighbours against the same run alone.
+           "summary": [{"measure": "serve: 1 broken of 4 instances", "ours_s": median["four"],
+                        "baseline": "the same server alone", "baseline_s": median["one"],
+                        "ratio": round(median["four"] / median["one"], 2), "target": None, "met": None},
+                       {"measure": "serve: each healthy instance adds", "ours_s": per_extra, "baseline": None,
+                        "baseline_s": None, "ratio": None, "target": None, "met": None}],
+           "versus": {}}
+    for tree in versus:
+        theirs = medians(tree)
+        doc["versus"][str(tree)] = {"median_wall_s": theirs, "median_host_contacts": medians(tree, "host_contacts"),
+                                    "median_serving_s": medians(tree, "serving_s")}
+        doc["summary"] += [{"measure": "serve: %s, vs another tree" % layout, "ours_s": median[layout],
+                            "baseline": str(tree), "baseline_s": theirs[layout],
+                            "ratio": round(median[layout] / theirs[layout], 2), "target": None, "met": None}
+                           for layout in LAYOUTS]
+    return doc
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # 2: what docs/inference_service.md quotes; each round costs about 2 min at load 2.
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
+                        help="also time another checkout's reset_and_serve.yml in each round, on the same host")
     args = parser.parse_args()
-    measured_on = provenance.begin("instances")
-    doc = dict(measure(args.repeat), measured_on=provenance.end(measured_on))
+    versus = provenance.versus_checkouts(parser, args.versus)
+    measured_on = provenance.begin("instances", versus=versus)
+    doc = dict(measure(args.repeat, versus), measured_on=provenance.end(measured_on))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"vllm-a serving again: {doc['median_serving_s']['one']:.1f} s alone, {doc['median_serving_s']['four']:.1f} s "
+          "beside three")
     print(f"one broken server alone: {doc['median_wall_s']['one']:.1f} s; beside three healthy: "
           f"{doc['median_wall_s']['four']:.1f} s ({doc['ratio_four_to_one']:.2f}x); "
-          f"{doc['per_extra_instance_s']:.2f} s per healthy instance (median of {args.repeat}); {OUT}")
+          f"{doc['per_extra_instance_s']:.2f} s per healthy instance (median of {args.repeat}); host contacts "
+          f"{doc['median_host_contacts']['one']:g} alone, {doc['median_host_contacts']['four']:g} beside three; {OUT}")
+    for tree, theirs in doc["versus"].items():
+        print(f"{tree}: alone {theirs['median_wall_s']['one']:.1f} s ({theirs['median_host_contacts']['one']:g} contacts, "
+              f"serving again at {theirs['median_serving_s']['one']:.1f} s), beside three {theirs['median_wall_s']['four']:.1f} s "
+              f"({theirs['median_host_contacts']['four']:g} contacts, serving again at {theirs['median_serving_s']['four']:.1f} s)")
     return 0
 
 

@@ -33,6 +33,18 @@ def tree(checkout: Path) -> dict:
             "label": commit + ("+dirty %d" % changed if changed else "")}
 
 
+def versus_checkouts(parser, paths, playbook="reset_and_serve.yml") -> list:
+    """The --versus checkouts, resolved: each once, not this one, each with the playbook the bench
+    runs; otherwise the parser's error, one sentence."""
+    checkouts = [Path(path).resolve() for path in paths]
+    missing = [str(path) for path in checkouts if not (path / "playbooks" / playbook).is_file()]
+    if missing:
+        parser.error("--versus %s: no playbooks/%s there" % (", ".join(missing), playbook))
+    if len(set(checkouts)) < len(checkouts) or REPO in checkouts:
+        parser.error("--versus: each checkout once, and not this one")
+    return checkouts
+
+
 def begin(name: str, versus=()) -> dict:
     """Read this checkout's tree and those of `versus` (other checkouts whose playbooks run), the
     core count and the load; print them on one line."""

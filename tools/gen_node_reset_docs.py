@@ -41,9 +41,10 @@ DEFAULTS = Path("roles") / "node_reset" / "defaults" / "main.yml"
 # The keys of a role option that come from its module's documentation, in the order they are written.
 FROM_MODULE = ("type", "elements", "choices", "default")
 LINE_LENGTH = 160  # ansible-lint's (.yamllint); a longer list is written one item a line
-UNIT = ("**Stop the unit** (`node_reset_unit`), when configured and installed. systemd gives the workers the unit's"
-        " `TimeoutStopSec`, then kills the unit's cgroup. A unit that does not exist is skipped with the note"
-        " `unit X does not exist: skipped`.")
+UNIT = ("**Stop the unit** (`node_reset_unit`, then each of `node_reset_units`), when configured and installed, after"
+        " the GPUs' memory is read and the evidence kept. systemd gives the workers the unit's `TimeoutStopSec`, then"
+        " kills the unit's cgroup. A unit that does not exist is skipped with the warning `unit X does not exist:"
+        " skipped`.")
 OPTION = re.compile(r"^      (node_reset_\w+):$")
 KEY = re.compile(r"^        (\w+):( |$)")
 

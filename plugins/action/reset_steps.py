@@ -4,8 +4,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """The reset's module steps in one task: pycache_purge, gpu_reset, shm_clean, nvml_verify.
-With `evidence`, cleanslate.gpu.evidence first keeps what the signals would destroy (after
-pycache_purge, before anything else), when no task signalled before this one (a unit stop).
+Before them, when given: the GPUs read (`nvml_before`), the evidence of what the signals would
+destroy (cleanslate.gpu.evidence), and the inference units stopped (`unit`, `units`), so that a
+reset that stops a unit is one host contact too (issue 42).
 
 The module of the same name runs the steps on the host, in one process and one host contact:
 each step is its module's main() in a child process of its own, as a task of its own would run it
@@ -38,15 +39,25 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._node_reset_result 
 # The steps, in the reset's order: the registry's (plugin_utils/_node_reset_steps.py; why that order:
 # module_utils/_reset_order.py).
 STEPS = _steps.MODULES
-# What the module runs on the host: the steps and the evidence (the action writes the record).
-RUNS = STEPS + ("evidence",)
+# What the module runs on the host: the steps and what comes before them (the action writes the record).
+RUNS = STEPS + ("evidence", "nvml_before", "unit", "units")
 # What a failed module said, lifted to the task so that Ansible prints it as for a task of its own.
 FAILURE_KEYS = ("msg", "exception", "module_stderr", "module_stdout", "rc")
-ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, evidence={"type": "dict"}, record={"type": "dict", "options": {
-    "steps": {"type": "dict", "required": True}, "result": {"type": "dict", "required": True},
-    "metrics_dir": {"type": "path", "required": True}}})
+ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in STEPS}, evidence={"type": "dict"}, nvml_before={"type": "dict"},
+                     unit={"type": "str"}, units={"type": "list", "elements": "str"},
+                     record={"type": "dict", "options": {"steps": {"type": "dict", "required": True},
+                                                         "result": {"type": "dict", "required": True},
+                                                         "metrics_dir": {"type": "path", "required": True}}})
 # A host in these states was not reached: no metrics file is written there.
 UNREACHED = ("unreachable", "swept-unreachable")
+
+
+def failed_answer(steps, failed_step) -> dict:
+    """The answer of the step that failed; `unit` is either stop's, that of `unit` unless it stopped
+    fine, then that of `units`."""
+    if failed_step == "unit" and not steps.get("unit", {}).get("failed"):
+        return steps.get("units", {})
+    return steps.get(failed_step, {})
 
 
 def first_step(args) -> str:
@@ -76,7 +87,7 @@ class ActionModule(ActionBase):
         result.update(changed=False, steps=steps)
         try:
             answer = self._execute_module(module_name="cleanslate.gpu.reset_steps", task_vars=task_vars,
-                                          module_args={name: args[name] for name in RUNS if args[name] is not None})
+                                          module_args={name: args[name] for name in RUNS if args[name] not in (None, [], "")})
         except AnsibleConnectionFailure as exc:
             # No step failed: the host did not answer, before or during the steps (one contact: the
             # results of any that ran are lost with it). `steps` names the first module step given;
@@ -88,6 +99,9 @@ class ActionModule(ActionBase):
             # The module did not run (the host's Python is missing or broken): the first step is the
             # one that failed, with that answer, as when each step was a module run of its own.
             answer = {"steps": {first_step(args): answer}, "failed_step": first_step(args)}
+        else:
+            # The module's own warnings (a unit to stop that is not installed); each step's below.
+            lift_messages(answer, result)
         for name, step in answer["steps"].items():
             if name == "shm_before":
                 # The look before the signals (check mode): who held each leftover then. Its changes,
@@ -102,7 +116,8 @@ class ActionModule(ActionBase):
                 diffs.extend(step["diff"] if isinstance(step["diff"], list) else [step["diff"]])
         failed_step = answer.get("failed_step")
         if failed_step:
-            result.update({key: steps[failed_step][key] for key in FAILURE_KEYS if key in steps[failed_step]})
+            failed = failed_answer(steps, failed_step)
+            result.update({key: failed[key] for key in FAILURE_KEYS if key in failed})
             result.update(failed=True, failed_step=failed_step)
         if diffs:
             result["diff"] = diffs

@@ -15,6 +15,11 @@ description:
     M(cleanslate.gpu.shm_clean) and M(cleanslate.gpu.nvml_verify) whose option is given, with that option's
     dictionary as the module's arguments. Each module runs on the host as a task of its own would run it, with the
     task's environment, check mode and diff mode, checks its own arguments and answers as its own.
+  - Before them, what a reset needs before its first signal, each when given. O(nvml_before), a reading of the GPUs
+    by M(cleanslate.gpu.nvml_verify) (the memory before, the GPU selection checked). O(evidence). Then the units
+    O(unit) and O(units) stopped, as M(ansible.builtin.systemd_service) with C(state=stopped) stops them; with a unit to
+    stop, O(pycache_purge) first runs in check mode (RV(steps) C(pycache_check)), so that a target only the host can
+    refuse is refused before the stop, and for real after it.
   - The steps reach the host in one module run, one host contact and one Python for all of them; each step's module
     runs in a child process of its own, forked from that one, so that nothing one step sets reaches the next.
   - The order is the reset's. The bytecode first, because it is the one step whose inputs only the host can refuse
@@ -22,7 +27,10 @@ description:
     comes before any signal. Then no segment is removed while its holders live, and the GPUs are read last.
   - Stops at the first step that fails, which fails the task with that module's message and names the step in
     RV(failed_step); the steps after it do not run. A host that does not answer makes the task unreachable, without
-    the results of any step (they come back together).
+    the results of any step (they come back together). Two failures stop nothing. O(nvml_before)'s, unless it refuses
+    the GPU selection (a GPU this host does not have, a bad C(gpus) entry), since a node whose driver is gone still
+    gets its reset and the final check says why. A unit that is not installed, which is a note in its answer and a
+    warning. Every unit of O(units) is tried, even after one failed.
   - This module logs only the names of the steps to the host's journal; each step logs its own arguments as its
     module does, masking its C(no_log) options (the secrets of M(cleanslate.gpu.evidence)), which are masked in the
     whole answer too.
@@ -30,9 +38,9 @@ description:
     in check mode before M(cleanslate.gpu.gpu_reset) signals anything, a look that removes nothing; its RV(steps)
     entry C(shm_before) keeps its C(in_use) (who held each leftover then), so that a report can say that a segment
     the reset removed was held only by a process the reset stopped.
-  - One task and one host contact instead of four of each, so that the controller pays for one task and one module
-    run per host (the collection's C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset) role
-    runs its steps with it; the four modules stay usable one by one.
+  - One task and one host contact instead of one for each step and unit, so that the controller pays for one task and
+    one module run per host (the collection's C(docs/design.md), "Why tasks are few"). The C(cleanslate.gpu.node_reset)
+    role runs its steps with it; the modules stay usable one by one.
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -43,7 +51,7 @@ attributes:
     details: Every step runs in check mode, and reports what it would do.
   diff_mode:
     support: full
-    details: The diffs of the steps that return one, in the order they ran.
+    details: The diffs of the steps that return one, in the order they ran; the units stopped, a line each, their state before and after.
 options:
   pycache_purge:
     description: The arguments of M(cleanslate.gpu.pycache_purge). Omitted, the step is not run.
@@ -61,9 +69,28 @@ options:
     description:
       - The arguments of M(cleanslate.gpu.evidence), run after O(pycache_purge) and before every other step, so that
         the evidence is kept before the first signal. Its failure never stops the steps (its result in RV(steps) says it).
-      - Omitted, it is not run. The role C(cleanslate.gpu.node_reset) runs it here when no unit is stopped before the
-        steps, and in a task of its own before that stop otherwise.
+      - With O(unit) or O(units), it runs before the units are stopped (after the checks before them).
+      - Omitted, it is not run.
     type: dict
+  nvml_before:
+    description:
+      - The arguments of M(cleanslate.gpu.nvml_verify) for a reading of the GPUs before anything is stopped or signalled
+        (C(timeout=0) and C(checks=[count]) read once). Its failure stops the steps only when it refuses the GPU
+        selection (see the description). Omitted, it is not run.
+    type: dict
+  unit:
+    description:
+      - A systemd unit stopped before any process is signalled, after O(nvml_before) and O(evidence), as
+        M(ansible.builtin.systemd_service) with C(state=stopped) stops it; systemd gives its processes the unit's
+        C(TimeoutStopSec), then kills its control group. A unit that is not installed is a note, not a failure.
+      - Its failure stops the steps, before O(units).
+    type: str
+  units:
+    description:
+      - More units stopped the same way, after O(unit), each tried even after one failed; any failure then stops the
+        steps, with each failed unit's own message, by unit.
+    type: list
+    elements: str
   record:
     description:
       - After the steps, the role C(cleanslate.gpu.node_reset)'s result, computed as the filter
@@ -123,6 +150,12 @@ steps:
       other step is there.
     - C(shm_before), outside check mode, is the look before the signals (see the description), C({in_use, elapsed_s})
       of M(cleanslate.gpu.shm_clean) in check mode; empty when that look failed (the real step then says why).
+    - C(pycache_check) is M(cleanslate.gpu.pycache_purge) in check mode before a unit stop (it changes nothing);
+      C(nvml_before) the reading of O(nvml_before).
+    - C(unit) is the stop of O(unit) as M(ansible.builtin.systemd_service) answers it (C(status) with the unit's
+      C(LoadState) and C(ActiveState) before the stop, C(changed) when it was running; C(msg) for a unit that is not
+      installed). C(units) is C({changed, results}), an answer of that kind per unit of O(units) with C(item), its
+      name, and C(failed) and C(msg) when a unit failed.
   returned: always
   type: dict
   sample:
@@ -134,12 +167,17 @@ metrics:
   type: dict
   sample: {changed: true, path: /var/lib/prometheus/node-exporter/cleanslate_gpu_node_reset.prom}
 failed_step:
-  description: The step that failed (the steps after it did not run), or C(unreachable) when the host did not answer.
+  description:
+    - The step that failed (the steps after it did not run), or C(unreachable) when the host did not answer.
+    - C(pycache_check) or C(nvml_before) for a refusal before anything was touched; C(unit) for the stop of O(unit), or
+      of any unit of O(units).
   returned: when a step failed
   type: str
   sample: pycache_purge
 """
 
+
+import re
 
 from ansible.module_utils.basic import AnsibleModule, _load_params
 
@@ -147,24 +185,37 @@ from ansible_collections.cleanslate.gpu.plugins.module_utils import _evidence_mo
 from ansible_collections.cleanslate.gpu.plugins.module_utils import _pycache_purge_module, _shm_clean_module
 from ansible_collections.cleanslate.gpu.plugins.module_utils._reset_order import STEP_ORDER
 from ansible_collections.cleanslate.gpu.plugins.module_utils._step_process import internal_settings, run_module_main
+from ansible_collections.cleanslate.gpu.plugins.module_utils._unit_stop import stop_units, units_diff
 
 MODULES = {"pycache_purge": _pycache_purge_module, "gpu_reset": _gpu_reset_module, "shm_clean": _shm_clean_module,
            "nvml_verify": _nvml_verify_module, "evidence": _evidence_module}
 # The action (plugins/action/reset_steps.py) writes the record after the steps: it is computed on
 # the controller. Any other option is a step's arguments, which the step's own module checks.
 ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in MODULES},
+                     nvml_before={"type": "dict"}, unit={"type": "str"}, units={"type": "list", "elements": "str"},
                      record={"type": "dict", "options": {"steps": {"type": "dict", "required": True},
                                                          "result": {"type": "dict", "required": True},
                                                          "metrics_dir": {"type": "path", "required": True}}})
+# nvml_verify's refusal of the GPU selection (module_utils/_nvml.py, _nvml_verify_module.py): the
+# one failure of the reading before the stop that stops the reset. A driver that does not answer
+# still gets its reset; the final check says why.
+SELECTION_REFUSED = re.compile(r"unknown GPU|gpus entry")
 
 
 def order(params):
-    """The steps given, in the reset's order, the evidence before the first signal: after
-    pycache_purge, whose refusal of a target signals nothing and leaves the host untouched."""
+    """What runs, in the reset's order. With units to stop: the checks that touch nothing
+    (pycache_purge in check mode, the GPUs read), the evidence, the stop, then the module steps.
+    Without: the GPUs read, pycache_purge (whose refusal of a target signals nothing and leaves the
+    host untouched), the evidence, then the steps that signal and remove."""
     names = [name for name in STEP_ORDER if params[name] is not None]
-    if params["evidence"] is not None:
-        names.insert(1 if names[:1] == ["pycache_purge"] else 0, "evidence")
-    return names
+    before = ["nvml_before"] if params["nvml_before"] is not None else []
+    evidence = ["evidence"] if params["evidence"] is not None else []
+    if params["unit"] or params["units"]:
+        checks = ["pycache_check"] if params["pycache_purge"] is not None else []
+        return checks + before + evidence + ["stops"] + names
+    if names[:1] == ["pycache_purge"]:
+        return before + names[:1] + evidence + names[1:]
+    return before + evidence + names
 
 
 def step_secrets(params):
@@ -180,19 +231,34 @@ def step_secrets(params):
     return found
 
 
-def run_steps(params, settings, check_mode):
+def run_steps(module, params, settings):
     """The steps' answers by name, in the order they ran, and the step that failed (None): each
-    step in its own child process, until one fails. A failure to keep the evidence holds nothing
-    back (its answer says it)."""
+    module step in its own child process, the units stopped in this one, until one fails. A failure
+    to keep the evidence holds nothing back (its answer says it), nor one to read the GPUs before,
+    unless it refused the GPU selection."""
     answers, failed_step = {}, None
     for name in order(params):
-        if name == "gpu_reset" and params["shm_clean"] is not None and not check_mode:
+        if name == "stops":
+            stopped, failed = stop_units(module, params["unit"], params["units"])
+            answers.update(stopped)
+            if failed:
+                failed_step = "unit"
+                break
+            continue
+        module_name = {"pycache_check": "pycache_purge", "nvml_before": "nvml_verify"}.get(name, name)
+        step_settings = dict(settings, _ansible_check_mode=True) if name == "pycache_check" else settings
+        if name == "gpu_reset" and params["shm_clean"] is not None and not module.check_mode:
             # The look before anything is signalled: who holds each leftover now (the action keeps
             # its in_use as steps.shm_before). Check mode: it removes nothing.
             answers["shm_before"] = run_module_main(_shm_clean_module.main, "cleanslate.gpu.shm_clean",
                                                     params["shm_clean"], dict(settings, _ansible_check_mode=True))
-        answers[name] = run_module_main(MODULES[name].main, "cleanslate.gpu." + name, params[name], settings)
-        if answers[name].get("failed") and name != "evidence":
+        answers[name] = run_module_main(MODULES[module_name].main, "cleanslate.gpu." + module_name,
+                                        params[module_name if name == "pycache_check" else name], step_settings)
+        if name == "pycache_check":
+            answers[name]["changed"] = False  # a check: what it would remove is removed after the stop
+        failed = answers[name].get("failed")
+        if failed and (name not in ("evidence", "nvml_before")
+                       or name == "nvml_before" and SELECTION_REFUSED.match(str(answers[name].get("msg") or ""))):
             failed_step = name
             break
     return answers, failed_step
@@ -204,7 +270,7 @@ class StepsModule(AnsibleModule):
     (AnsibleModule's no_log=True would not do: the task's `_ansible_no_log` overrides it.)"""
 
     def _log_invocation(self):
-        self.log("Invoked with the steps %s" % ", ".join(name for name in MODULES if self.params.get(name) is not None))
+        self.log("Invoked with the steps %s" % ", ".join(name for name in ARGUMENT_SPEC if name != "record" and self.params.get(name)))
 
 
 def main():
@@ -215,7 +281,10 @@ def main():
     if not any(module.params[name] is not None for name in STEP_ORDER):
         module.fail_json(msg="one of the following is required: %s" % ", ".join(STEP_ORDER))
     module.no_log_values.update(step_secrets(module.params))
-    answers, failed_step = run_steps(module.params, internal_settings(_load_params()), module.check_mode)
+    answers, failed_step = run_steps(module, module.params, internal_settings(_load_params()))
+    stops = [name for name in ("unit", "units") if name in answers]
+    if module._diff and stops:
+        answers[stops[-1]]["diff"] = units_diff(answers)
     # The action reads the steps' answers as their modules' own (changes, warnings, diffs, the failure).
     module.exit_json(changed=any(answer.get("changed") for name, answer in answers.items() if name != "shm_before"),
                      steps=answers, failed_step=failed_step)

@@ -18,8 +18,11 @@ with open(%(log)r, "a") as log:
 if %(name)r == "journalctl":
     print("\n".join(state["journal"]))
     sys.exit(0)
+if sys.argv[1:2] == ["stop"] and sys.argv[-1] in state["stop_fails"]:
+    sys.stderr.write(state["stop_fails"][sys.argv[-1]] + "\n")
+    sys.exit(1)
 calls = sum(1 for line in open(%(log)r) if json.loads(line)["argv"][0].endswith("/systemctl"))
-unit = state["units"][min(calls, len(state["units"])) - 1]
+unit = state["by_unit"].get(sys.argv[-1]) or state["units"][min(calls, len(state["units"])) - 1]
 print("\n".join("%%s=%%s" %% item for item in unit.items()))
 '''
 INVOCATION = "4b3c0f0e2b8a4c1d9f7e6a5b4c3d2e1f"
@@ -35,13 +38,18 @@ def unit(**changes) -> dict:
 
 
 class FakeSystemd:
-    def __init__(self, where: Path, units: list, journal=()):
+    """`units`: the properties `systemctl show` prints, one set per call; `by_unit`: {unit: its
+    properties}, for every call that names that unit last; `stop_fails`: {unit: systemctl's
+    message}, a `systemctl stop` of that unit that fails with it."""
+
+    def __init__(self, where: Path, units: list, journal=(), stop_fails=None, by_unit=None):
         self.bin = where / "bin"
         self.bin.mkdir(parents=True)
         self.log = where / "calls.jsonl"
         self.log.touch()
         state = where / "systemd.json"
-        state.write_text(json.dumps({"units": units, "journal": list(journal)}))
+        state.write_text(json.dumps({"units": units, "journal": list(journal), "stop_fails": stop_fails or {},
+                                     "by_unit": by_unit or {}}))
         for name in ("systemctl", "journalctl"):
             path = self.bin / name
             path.write_text(SCRIPT % {"python": sys.executable, "state": str(state), "log": str(self.log), "name": name})

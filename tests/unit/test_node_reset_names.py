@@ -70,4 +70,4 @@ def test_every_node_reset_name_used_is_declared_or_the_result():
             for name in USED.findall(text)}
     assert {(path, name) for path, name in used if name not in PUBLIC} == set()
     # The check sees the role's variables at all (the module steps' are read by name, vars/main.yml).
-    assert ("prepare.yml", "node_reset_unit") in used
+    assert ("steps.yml", "node_reset_unit") in used

@@ -33,12 +33,12 @@ def playbook_command(fleet, reports: Path, limit: str, extra=(), check=False, pl
             "-e", f"fleet_report_path={reports}", *extra] + (["--check", "--diff"] if check else [])
 
 
-def play(fleet, reports: Path, limit: str, extra=(), check=False, playbook="reset_and_serve.yml"):
-    """Run playbook_command() from the repository, after clear_reports(reports); (process, the
-    run's report or None)."""
+def play(fleet, reports: Path, limit: str, extra=(), check=False, playbook="reset_and_serve.yml", repo=REPO, env=None):
+    """Run playbook_command() from the repository (`repo`: another checkout's, for a bench that
+    measures two trees), after clear_reports(reports); (process, the run's report or None)."""
     clear_reports(reports)
     proc = subprocess.run(playbook_command(fleet, reports, limit, extra, check, playbook),
-                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+                          cwd=repo, capture_output=True, text=True, timeout=600, check=False, env=env)
     return proc, newest_report(reports, playbook.removesuffix(".yml"))
 
 
