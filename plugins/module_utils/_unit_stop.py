@@ -15,13 +15,24 @@ for the unit's processes: systemd gives them the unit's TimeoutStopSec, then kil
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 # systemd_service's words for a unit that is not installed, which node_reset_result reads.
 UNIT_MISSING = "Could not find the requested service"
 # Anything else is running, starting, reloading or stopping: a stop is due (systemd_service leaves a
 # reloading unit running; a reset must not).
 STOPPED = ("inactive", "failed")
-# systemctl's messages are read and matched: never translated.
-C_LOCALE = {"LC_ALL": "C", "LANG": "C", "SYSTEMD_PAGER": ""}
+
+
+def _systemctl(systemctl, *args):
+    """(rc, stdout, stderr) of systemctl, in the C locale (its messages are read and matched), with
+    the task's PATH and nothing else of its environment: the reset's node_reset_environment (NVML's
+    library path) is the GPU reads' (as _evidence.py and _xid.py run their programs)."""
+    env = {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LANG": "C",
+           "SYSTEMD_PAGER": ""}
+    proc = subprocess.run([systemctl, *args], capture_output=True, env=env, check=False)
+    return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
 
 
 def stop_unit(module, systemctl, name) -> dict:
@@ -29,8 +40,7 @@ def stop_unit(module, systemctl, name) -> dict:
     answer = {"name": name, "changed": False, "state": "stopped"}
     if systemctl is None:
         return dict(answer, failed=True, msg="systemctl is not on this host's PATH: the unit cannot be stopped here")
-    rc, out, err = module.run_command([systemctl, "show", "--property=LoadState,ActiveState", "--", name],
-                                      environ_update=C_LOCALE)
+    rc, out, err = _systemctl(systemctl, "show", "--property=LoadState,ActiveState", "--", name)
     if rc != 0:
         return dict(answer, failed=True, msg=(err or out).strip() or "systemctl show exited with status %d" % rc)
     status = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
@@ -41,7 +51,7 @@ def stop_unit(module, systemctl, name) -> dict:
     if status.get("ActiveState", "inactive") in STOPPED:
         return answer
     if not module.check_mode:
-        rc, out, err = module.run_command([systemctl, "stop", "--", name], environ_update=C_LOCALE)
+        rc, out, err = _systemctl(systemctl, "stop", "--", name)
         if rc != 0:
             return dict(answer, failed=True, msg="Unable to stop service %s: %s" % (name, (err or out).strip()))
     return dict(answer, changed=True)

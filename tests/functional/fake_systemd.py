@@ -1,7 +1,8 @@
 """systemctl and journalctl stand-ins for the readiness gate's tests on a machine without systemd:
 scripts on a PATH of their own that answer `systemctl show` from a list of unit states (one per
-call, the last one repeated) and `journalctl` with fixed lines, and log every call (its argv and
-CLOCK_MONOTONIC, which every process shares) so a test sees what the module asked and when.
+call, the last one repeated) and `journalctl` with fixed lines, and log every call (its argv,
+CLOCK_MONOTONIC, which every process shares, and the names of its environment's variables) so a
+test sees what the module asked, when, and with what environment.
 The unit's own behaviour (dying, restarting) is the real systemd's; the fleet tests run that."""
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import sys
 from pathlib import Path
 
 SCRIPT = r'''#!%(python)s
-import json, sys, time
+import json, os, sys, time
 state = json.load(open(%(state)r))
 with open(%(log)r, "a") as log:
-    log.write(json.dumps({"argv": sys.argv, "monotonic": time.monotonic()}) + "\n")
+    log.write(json.dumps({"argv": sys.argv, "monotonic": time.monotonic(), "env": sorted(os.environ)}) + "\n")
 if %(name)r == "journalctl":
     print("\n".join(state["journal"]))
     sys.exit(0)

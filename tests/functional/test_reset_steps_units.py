@@ -140,3 +140,16 @@ def test_without_systemctl_each_unit_fails_in_one_sentence(tmp_path):
     assert result["steps"]["units"]["msg"] == (
         "vllm-b.service: systemctl is not on this host's PATH: the unit cannot be stopped here; "
         "vllm-x.service: systemctl is not on this host's PATH: the unit cannot be stopped here")
+
+
+def test_systemctl_runs_with_the_tasks_path_and_nothing_else_of_its_environment(tmp_path):
+    """The reset's node_reset_environment (NVML's library path, here with a preload) is the GPU
+    reads'; systemctl, run as root, gets the task's PATH and the C locale only."""
+    fake = systemd(tmp_path, vllm_x=MISSING)
+    result = run_module("reset_steps", steps_args(tmp_path), env=dict(
+        fake.env, LD_LIBRARY_PATH=str(tmp_path / "nvml"), LD_PRELOAD=str(tmp_path / "nvml" / "hook.so")))
+    assert result["failed_step"] is None, result
+    calls = fake.calls("systemctl")
+    stop_calls = [call for call in calls if call["argv"][1] == "stop"]
+    assert stop_calls and all(set(call["env"]) <= {"PATH", "LC_ALL", "LANG", "SYSTEMD_PAGER", "LC_CTYPE", "PWD"}
+                              for call in stop_calls + [calls[-1]]), [call["env"] for call in calls]
