@@ -158,8 +158,9 @@ def test_no_step_or_a_step_that_is_not_a_mapping_is_refused_before_anything_runs
         assert result["failed"] is True and "shm_clean" in result["msg"], result["msg"]
         assert "steps" not in result or not result["steps"], result
         assert all(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
-    proc, result = _run(tmp_path, env, {"gpu_reset": {"device_paths": manifest["device_paths"]}, "unit": "vllm"})
-    assert result["failed"] is True and "unit" in result["msg"], result["msg"]
+    # An option that is no step (`unit` is one since issue 42's seventh pass: the units stopped first).
+    proc, result = _run(tmp_path, env, {"gpu_reset": {"device_paths": manifest["device_paths"]}, "service": "vllm"})
+    assert result["failed"] is True and "service" in result["msg"], result["msg"]
     assert all(procinfo.alive(pid) for pid in _pids(manifest, "worker"))
 
 
