@@ -24,6 +24,15 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
+def program_env():
+    """The environment of a program a reset runs as root (systemctl, journalctl, dmesg, py-spy): the
+    task's PATH (root's, from Ansible) and the C locale, whose messages are read and matched, and
+    nothing else of the task's: node_reset_environment (NVML's library path, a preload) is for the
+    GPU reads only."""
+    return {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LANG": "C",
+            "SYSTEMD_PAGER": ""}
+
+
 def _dies_with_parent():
     """A preexec function: the child gets SIGKILL when this process dies (killed by a signal it cannot
     catch, or a dropped connection), so the check never outlives the module that bounds it. Set after

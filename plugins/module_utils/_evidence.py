@@ -23,7 +23,7 @@ import pwd
 import re
 import time
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import run_as_user
+from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import program_env, run_as_user
 
 # Control characters but newline and tab: a terminal escape in a log stays text (\x1b).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -100,10 +100,8 @@ class Kept(object):
         timeout = self.left()
         if timeout <= 0:
             return None, "%s was not run: the evidence deadline of %g s was reached" % (what, self.deadline_s)
-        # The task's PATH, as _xid.read_kernel_log uses it (root's: Ansible's environment).
-        env = {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "SYSTEMD_PAGER": ""}
         try:
-            status, out, err, timed_out = run_as_user(argv, b"", pwd.getpwuid(os.geteuid()), env, timeout,
+            status, out, err, timed_out = run_as_user(argv, b"", pwd.getpwuid(os.geteuid()), program_env(), timeout,
                                                       self.file_max + 1)  # one more: write() sees the cut
         except OSError as exc:
             return None, "%s could not be run (%s)" % (what, exc.strerror or exc)

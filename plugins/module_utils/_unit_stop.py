@@ -15,8 +15,9 @@ for the unit's processes: systemd gives them the unit's TimeoutStopSec, then kil
 
 from __future__ import annotations
 
-import os
 import subprocess
+
+from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import program_env
 
 # systemd_service's words for a unit that is not installed, which node_reset_result reads.
 UNIT_MISSING = "Could not find the requested service"
@@ -26,12 +27,8 @@ STOPPED = ("inactive", "failed")
 
 
 def _systemctl(systemctl, *args):
-    """(rc, stdout, stderr) of systemctl, in the C locale (its messages are read and matched), with
-    the task's PATH and nothing else of its environment: the reset's node_reset_environment (NVML's
-    library path) is the GPU reads' (as _evidence.py and _xid.py run their programs)."""
-    env = {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "LANG": "C",
-           "SYSTEMD_PAGER": ""}
-    proc = subprocess.run([systemctl, *args], capture_output=True, env=env, check=False)
+    """(rc, stdout, stderr) of systemctl, run in program_env()."""
+    proc = subprocess.run([systemctl, *args], capture_output=True, env=program_env(), check=False)
     return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
 
 

@@ -26,7 +26,7 @@ import os
 import pwd
 import re
 
-from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import run_as_user
+from ansible_collections.cleanslate.gpu.plugins.module_utils._bounded_run import program_env, run_as_user
 from ansible_collections.cleanslate.gpu.plugins.module_utils._nvml import parse_selector
 
 CATALOG = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
@@ -178,13 +178,12 @@ def read_kernel_log(since, timeout, path=None):
     entry = pwd.getpwuid(os.geteuid())
     # journalctl without a running journald reads nothing and says so only without -q.
     readers = ((["dmesg"], False),) if not os.path.isdir("/run/systemd/journal") else ()
-    env = {"PATH": os.environ.get("PATH") or "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C", "SYSTEMD_PAGER": ""}
     # Newest first, so the bound on output keeps the newest records; parse() needs oldest first.
     journal = ["journalctl", "-k", "-r", "-q", "--no-pager", "-o", "short-iso"] + (["--since", since] if since else ["-b"])
     problems = []
     for argv, reverse in readers or ((journal, True), (["dmesg"], False)):
         try:
-            status, out, err, timed_out = run_as_user(argv, b"", entry, env, timeout, OUTPUT_MAX)
+            status, out, err, timed_out = run_as_user(argv, b"", entry, program_env(), timeout, OUTPUT_MAX)
         except OSError as exc:
             problems.append("%s: %s" % (argv[0], exc.strerror or exc))
             continue

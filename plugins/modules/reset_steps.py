@@ -200,6 +200,9 @@ ARGUMENT_SPEC = dict({name: {"type": "dict"} for name in MODULES},
 # one failure of the reading before the stop that stops the reset. A driver that does not answer
 # still gets its reset; the final check says why.
 SELECTION_REFUSED = re.compile(r"unknown GPU|gpus entry")
+# The runs before the stop that are no step of their own, by name: (the module run, the option its
+# arguments come from). pycache_check is pycache_purge's in check mode; nvml_before, nvml_verify's.
+CHECK_RUNS = {"pycache_check": ("pycache_purge", "pycache_purge"), "nvml_before": ("nvml_verify", "nvml_before")}
 
 
 def order(params):
@@ -245,7 +248,7 @@ def run_steps(module, params, settings):
                 failed_step = "unit"
                 break
             continue
-        module_name = {"pycache_check": "pycache_purge", "nvml_before": "nvml_verify"}.get(name, name)
+        module_name, option = CHECK_RUNS.get(name, (name, name))
         step_settings = dict(settings, _ansible_check_mode=True) if name == "pycache_check" else settings
         if name == "gpu_reset" and params["shm_clean"] is not None and not module.check_mode:
             # The look before anything is signalled: who holds each leftover now (the action keeps
@@ -253,7 +256,7 @@ def run_steps(module, params, settings):
             answers["shm_before"] = run_module_main(_shm_clean_module.main, "cleanslate.gpu.shm_clean",
                                                     params["shm_clean"], dict(settings, _ansible_check_mode=True))
         answers[name] = run_module_main(MODULES[module_name].main, "cleanslate.gpu." + module_name,
-                                        params[module_name if name == "pycache_check" else name], step_settings)
+                                        params[option], step_settings)
         if name == "pycache_check":
             answers[name]["changed"] = False  # a check: what it would remove is removed after the stop
         failed = answers[name].get("failed")
