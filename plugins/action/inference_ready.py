@@ -58,6 +58,15 @@ class ActionModule(ActionBase):
             args = _settings.expanded(self._task.args)
         except ValueError as exc:
             return dict(result, failed=True, msg=str(exc))
+        # The probe's other servers give theirs alike; what is no mapping is the module's to refuse.
+        if isinstance(args.get("servers"), list):
+            servers = []
+            for index, server in enumerate(args["servers"]):
+                try:
+                    servers.append(_settings.expanded(server) if isinstance(server, dict) else server)
+                except ValueError as exc:
+                    return dict(result, failed=True, msg="servers[%d]: %s" % (index, exc))
+            args["servers"] = servers
         if args.get("mode", "gate") == "probe":
             result.update(self._execute_module(module_name=MODULE, module_args=args, task_vars=task_vars))
             # The second look's warnings (a kernel log it could not read) are the task's, as its own task's were.

@@ -230,6 +230,47 @@ def inference_service_host_result(results, host):
     return host_result
 
 
+def _assessment(answer, unit, task_msg) -> dict:
+    """One server's assessment from its probe's answer (a look that failed, or none: unhealthy, its
+    reason the failure's message)."""
+    state = _mapping(answer.get("unit"))
+    verdict = answer.get("verdict") or "unhealthy"
+    return {
+        "unit": unit, "verdict": verdict,
+        "healthy": not bool(answer.get("needs_reset", True)),
+        "reason": answer.get("last_seen") or "the look failed: %s" % (answer.get("msg") or task_msg or "?"),
+        "main_pid": int(state.get("MainPID") or 0) if str(state.get("MainPID") or "0").isdigit() else 0,
+        "active_state": state.get("ActiveState") or "",
+        "healthy_seen": ({"invocation_id": state.get("InvocationID"), "monotonic": answer["healthy_monotonic"]}
+                         if "healthy_monotonic" in answer and "unit" in answer else {}),
+        "xid_look": _mapping(answer.get("xid_look")),
+        "loading_baseline": ({"invocation_id": state.get("InvocationID"), "n_restarts": int(state.get("NRestarts") or 0)}
+                             if verdict == "loading" and "unit" in answer else {}),
+    }
+
+
+def inference_service_assessments(probe, servers):
+    """Each server's inference_service_assessment from one probe task (cleanslate.gpu.inference_ready,
+    mode=probe): the first of `servers` from the task's own answer, the others from its `servers`
+    answers, in their order; each server a mapping with its `unit` (and `gpus`, kept)."""
+    if not isinstance(servers, list) or not servers or not all(isinstance(item, Mapping) and "unit" in item
+                                                               for item in servers):
+        raise TypeError("inference_service_assessments expects the servers looked at, a non-empty list of mappings "
+                        "that name their unit")
+    probe = _mapping(probe)
+    others = probe.get("servers") if isinstance(probe.get("servers"), list) else []
+    # A task that failed as a whole (refused, unreachable) answered for no server: its message is each one's.
+    answers = [probe] + [_mapping(answer) for answer in others]
+    assessments = []
+    for index, server in enumerate(servers):
+        answer = answers[index] if index < len(answers) else {}
+        assessment = _assessment(answer, server["unit"], probe.get("msg"))
+        if "gpus" in server:
+            assessment["gpus"] = server["gpus"]
+        assessments.append(assessment)
+    return assessments
+
+
 def inference_service_host_assessment(assessments):
     """A host's inference_service_assessment from its instances': healthy only when every instance
     is, the worst verdict, and each instance's (unit, verdict, healthy, reason, main_pid, gpus)
@@ -243,6 +284,8 @@ def inference_service_host_assessment(assessments):
             "reason": "; ".join("%s %s (%s)" % (item.get("unit"), item.get("verdict"), item.get("reason"))
                                 for item in assessments),
             "main_pid": worst.get("main_pid"),
+            # The Xid records read in the look's host contact (one probe for every instance: the first's answer).
+            "xid_look": next((item["xid_look"] for item in assessments if item.get("xid_look")), {}),
             "instances": [dict(item, healthy=str(item.get("healthy")).lower() == "true") for item in assessments]}
 
 
@@ -253,4 +296,5 @@ class FilterModule:
         return {"inference_service_result": inference_service_result,
                 "inference_service_report_row": inference_service_report_row,
                 "inference_service_host_result": inference_service_host_result,
-                "inference_service_host_assessment": inference_service_host_assessment}
+                "inference_service_host_assessment": inference_service_host_assessment,
+                "inference_service_assessments": inference_service_assessments}

@@ -78,3 +78,38 @@ def test_a_unit_the_files_task_started_is_gated_from_its_new_invocation(tmp_path
     skipped): a loading invocation the look saw is not the one this run started."""
     seen = run_tasks(tmp_path, started_with_files=True)
     assert seen["loading"]["baseline"] == {}, seen["loading"]
+
+
+def test_each_instance_is_assessed_from_its_own_answer_of_the_hosts_one_probe(tmp_path):
+    """Several servers (issue 42): one probe looks at every instance, the first from the task's own answer,
+    the others from its `servers` answers, in their order. Each instance's assessment is its own answer's:
+    the hung instance is reset and its healthy neighbours are spared, whatever their place; a look that
+    failed is its instance's alone; the Xid records the task read are the host's."""
+    tasks = yaml.safe_load((REPO / "roles/inference_service/tasks/instances.yml").read_text())
+    collect = dict(next(task for task in tasks if task["name"] == "Collect the instances' assessments into the host's"))
+    collect.pop("when")
+    healthy = {"verdict": "healthy", "needs_reset": False, "healthy_monotonic": 7.25, "last_seen": "HTTP 200", "unit": UNIT}
+    probe = dict(PROBES["busy"], xid_look={"xid_action": None, "gpus": []},
+                 servers=[PROBES["hung"], healthy, PROBES["failed"]])
+    looked = [{"unit": "vllm-%s.service" % name, "gpus": [index], "look": {"url": "http://h:%d" % index}}
+              for index, name in enumerate("abcd")]
+    play = [{"name": "several", "hosts": "localhost", "gather_facts": False,
+             "vars": {"__inference_service_probe": probe, "__inference_service_collected": looked},
+             "tasks": [collect, {"name": "Show", "ansible.builtin.copy": {
+                 "dest": str(tmp_path / "host.json"), "content": "{{ inference_service_assessment | to_json }}"}}]}]
+    playbook = tmp_path / "several.yml"
+    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    host = json.loads((tmp_path / "host.json").read_text())
+    by_unit = {item["unit"]: item for item in host["instances"]}
+    assert [item["unit"] for item in host["instances"]] == ["vllm-%s.service" % name for name in "abcd"]
+    assert {unit: (item["verdict"], item["healthy"]) for unit, item in by_unit.items()} == {
+        "vllm-a.service": ("busy", True), "vllm-b.service": ("hung", False), "vllm-c.service": ("healthy", True),
+        "vllm-d.service": ("unhealthy", False)}, by_unit
+    assert by_unit["vllm-c.service"]["healthy_seen"] == {"invocation_id": "a" * 32, "monotonic": 7.25}
+    assert by_unit["vllm-d.service"]["reason"] == "the look failed: systemctl show vllm.service failed: ..."
+    assert [by_unit["vllm-%s.service" % name]["gpus"] for name in "abcd"] == [[0], [1], [2], [3]]
+    assert host["healthy"] is False and host["verdict"] == "hung" and host["xid_look"] == {"xid_action": None, "gpus": []}

@@ -216,3 +216,31 @@ def test_reset_steps_logs_no_evidence_secret_to_the_journal(fleet_session, tmp_p
     assert "secrets=NOT_LOGGING_PARAMETER" in journal and "cleanslate-matches-no-process" in journal
     assert canary not in journal, excerpt(journal, canary)
     assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)
+
+
+def test_the_one_probe_of_several_servers_logs_none_of_their_secrets(fleet_session, tmp_path):
+    """Issue 42: the several servers of a node are looked at by one inference_ready probe, each other
+    server's options a mapping in `servers`, which no no_log of the module's spec covers. Their keys and
+    secrets (given on their own and in their settings, as the role gives them) reach neither the host's
+    journal (the module's "Invoked with" line names `servers`, so a journal the test could not read would
+    not pass) nor the output at -vvv (the invocation's module_args)."""
+    if not fleet_session.hosts["node1"].running():
+        fleet_session.boot("node1")
+    tag = random_secrets.token_hex(4)
+    key, secret, in_settings = (f"canary-probe-{what}-{tag}" for what in ("key", "secret", "settings"))
+    server = {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "llama", "poll_interval": 0.1}
+    playbook = tmp_path / "probe.yml"
+    playbook.write_text(json.dumps([{"hosts": "node1", "gather_facts": False, "tasks": [{
+        "name": "Look at three servers that are not there",
+        "cleanslate.gpu.inference_ready": dict(server, mode="probe", servers=[
+            dict(server, api_key=key, secrets=[secret]),
+            {"settings": dict(server, api_key=in_settings)}])}]}]))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(fleet_session.inventory), "-l", "node1", "-vvv"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "servers" in proc.stdout and "connection refused" in proc.stdout, proc.stdout[-4000:]
+    journal = fleet_session.run("node1", ["journalctl", "--no-pager", "-o", "json"]).stdout
+    assert "served_name=llama" in journal and "servers=" in journal
+    for canary in (key, secret, in_settings):
+        assert canary not in journal, excerpt(journal, canary)
+        assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)
