@@ -22,7 +22,7 @@ from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import 
     _secret_values, inference_service_problems, secret_masker, spec, visible_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils import _rotation
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._role_spec import shown
-from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import share_addresses, unit_fault
+from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import executable_path, share_addresses, unit_fault
 
 PREFIX = "inference_service_"
 VARIABLE = PREFIX + "instances"
@@ -230,8 +230,30 @@ def _neighbours_secrets(index: int, items: list, single: Mapping) -> list:
     return problems
 
 
+def inference_service_host_looks(instances):
+    """cleanslate.gpu.inference_host's options for each resolved instance (validate.yml's look at its
+    server, the marker aside): the executable the unit will run, the user, the secrets' directory, the
+    unit, and the engine whose version to read unless its version is given. A value the instance's own
+    checks will refuse is passed as it is: the module refuses that instance alone."""
+    if not isinstance(instances, list) or not all(isinstance(item, Mapping) for item in instances):
+        raise TypeError("inference_service_host_looks expects the resolved instances, a list of mappings")
+    looks = []
+    for item in instances:
+        try:
+            executable = executable_path({"executable": item.get("executable"), "venv": item.get("venv")}, item.get("engine"))
+        except (TypeError, AttributeError):
+            executable = item.get("executable")
+        look = {"executable": executable, "user": item.get("user") or "", "config_dir": item.get("config_dir"),
+                "unit": item.get("unit")}
+        if not item.get("engine_version"):
+            look["engine"] = item.get("engine")
+        looks.append(look)
+    return looks
+
+
 class FilterModule:
     """Several servers on one host."""
 
     def filters(self):
-        return {"inference_service_instances": inference_service_instances}
+        return {"inference_service_instances": inference_service_instances,
+                "inference_service_host_looks": inference_service_host_looks}

@@ -297,3 +297,31 @@ def test_a_unit_name_with_a_slash_is_refused_before_anything_is_read():
     result = run_module("inference_host", dict(executable="/x", config_dir="/etc", unit="../../etc/passwd",
                                                marker=MARKER))
     assert result.get("failed") and result["msg"] == "unit must be a unit name such as vllm.service, got '../../etc/passwd'"
+
+
+# --- Several servers of one node, in one look (issue 42) -------------------------------------------
+
+def test_each_instance_is_looked_at_as_the_tasks_own_server_and_answered_in_its_place(tmp_path, root_dir):
+    """`instances`: each answer is its own server's (its executable, engine version, secrets' directory and
+    unit), in their order, as that server's own task would have answered; an instance whose options are
+    refused is that instance's answer alone."""
+    old = environment(tmp_path / "old", metadata=GOOD.replace(b"0.32.0", b"0.31.0"), dist_info="vllm-0.31.0.dist-info")
+    new = environment(tmp_path / "new")
+    (root_dir / "theirs").mkdir()
+    os.chown(root_dir / "theirs", 65534, 65534)
+    instances = [{"executable": str(old), "config_dir": str(root_dir / "theirs"), "unit": "vllm-b.service", "engine": "vllm"},
+                 {"executable": str(new), "config_dir": str(root_dir), "unit": "vllm-c/../x", "engine": "vllm"},
+                 {"executable": str(new), "config_dir": str(root_dir), "unit": "vllm-d.service", "user": "nobody"},
+                 {"executable": str(new), "config_dir": str(root_dir), "unit": "vllm-e.service", "prot": 8000}]
+    result = look(new, config_dir=root_dir, unit="vllm-a.service", instances=instances)
+    alone = [look(item["executable"], config_dir=item["config_dir"], unit=item["unit"], engine=item.get("engine"),
+                  user=item.get("user")) for item in (instances[0], instances[2])]
+    assert result["unit"]["name"] == "vllm-a.service" and result["engine"]["version"] == "0.32.0", result
+    b, c, d, e = result["instances"]
+    assert b["unit"]["name"] == "vllm-b.service" and b["engine"]["version"] == "0.31.0", b
+    assert b["config_dir"]["state"] == "unsafe" and d["config_dir"]["state"] == "safe", (b, d)
+    assert d["engine"] == {"name": "", "distributions": [], "version": "", "problem": ""} and d["user"]["name"] == "nobody"
+    assert c == {"failed": True, "msg": "instances[1]: unit must be a unit name such as vllm.service, got 'vllm-c/../x'"}
+    assert e == {"failed": True, "msg": "instances[3]: no such option: prot"}
+    for own, mine in zip(alone, (b, d)):
+        assert {key: own[key] for key in mine} == mine, (own, mine)
