@@ -382,7 +382,7 @@ servers:
   returned: when O(mode=probe) and O(servers) are given
   type: list
   elements: dict
-  sample: [{"verdict": "healthy", "healthy": true, "needs_reset": false, "last_seen": "200 on /health"}]
+  sample: [{"verdict": "healthy", "healthy": true, "needs_reset": false, "last_seen": "HTTP 200; a 1-token completion answered in 41 ms"}]
   version_added: 0.3.0
 generation:
   description:
