@@ -23,7 +23,7 @@ from ansible_collections.cleanslate.gpu.plugins.plugin_utils._engine_check impor
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._secret_checks import (
     CONTROL, SECRET_MIN_CHARS, forms as _forms, inference_service_secret_problems, secret_masker, short_secret_problems)
 from ansible_collections.cleanslate.gpu.plugins.plugin_utils._serve_command import (
-    executable_path, not_texts, served_name_fault, unit_fault, value_sentence)
+    not_texts, served_name_fault, unit_fault, value_sentence)
 
 # The operator's texts that others read besides the command line and the environment's values, and
 # where: a secret in one is refused before the first host contact (the host check's own command line
@@ -153,12 +153,6 @@ def visible_secret_problems(values: Mapping, named: list) -> list:
     return [holder_sentence(*holder) for holder in secret_holders(values, named)]
 
 
-def inference_service_executable(variables: Mapping, engine: str) -> str:
-    """The engine's executable the unit will run (the one the role asks for the engine's version)."""
-    return executable_path({"executable": variables.get("inference_service_executable"),
-                            "venv": variables.get("inference_service_venv")}, engine)
-
-
 def inference_service_engine_problem(dry_run, args):
     """Why the engine's own check on the host (inference_dry_run's result) refuses the server whose
     command line is `args` (inference_args' result): one sentence, "" when it does not."""
@@ -170,7 +164,6 @@ class FilterModule:
 
     def filters(self):
         return {"inference_service_problems": inference_service_problems,
-                "inference_service_executable": inference_service_executable,
                 "inference_service_engine_problem": inference_service_engine_problem,
                 "inference_service_plugin_args": inference_service_plugin_args,
                 "inference_service_secret_problems": inference_service_secret_problems}

@@ -1540,8 +1540,7 @@ def main():
             servers.append(server)
             problems.extend(server_problems)
     # Every server's secrets hidden in every answer: one server's error may quote another's URL or key.
-    mask = Masker(list(params["secrets"]) + [params["api_key"]]
-                  + [secret for server in servers if server for secret in list(server["secrets"]) + [server["api_key"]]])
+    mask = Masker(list(params["secrets"]) + [params["api_key"]] + sorted(server_secrets(params["servers"])))
     if problems:
         module.fail_json(msg=mask("; ".join(problem.rstrip(".") for problem in problems)))
     result = {"changed": False}

@@ -7,14 +7,10 @@ healthy) is the look's `needs_reset` negated: `loading` and `busy` are spared, `
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.local_play import REPO, run_local_play
 UNIT = {"InvocationID": "a" * 32, "NRestarts": "2", "MainPID": "42", "ActiveState": "active"}
 PROBES = {
     "loading": {"verdict": "loading", "needs_reset": False, "unit": UNIT,
@@ -49,12 +45,7 @@ def run_tasks(tmp_path, restarted=False, started_with_files=False):
                            "__inference_service_unit_state": {"started": started_with_files},
                            "__inference_service_start": start}}]}
              for name, probe in PROBES.items()]
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)],
-                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ), check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_local_play(tmp_path / "play.yml", plays)
     return {name: json.loads((tmp_path / ("%s.json" % name)).read_text()) for name in PROBES}
 
 
@@ -97,12 +88,7 @@ def test_each_instance_is_assessed_from_its_own_answer_of_the_hosts_one_probe(tm
              "vars": {"__inference_service_probe": probe, "__inference_service_collected": looked},
              "tasks": [collect, {"name": "Show", "ansible.builtin.copy": {
                  "dest": str(tmp_path / "host.json"), "content": "{{ inference_service_assessment | to_json }}"}}]}]
-    playbook = tmp_path / "several.yml"
-    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)],
-                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ), check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_local_play(tmp_path / "several.yml", play)
     host = json.loads((tmp_path / "host.json").read_text())
     by_unit = {item["unit"]: item for item in host["instances"]}
     assert [item["unit"] for item in host["instances"]] == ["vllm-%s.service" % name for name in "abcd"]

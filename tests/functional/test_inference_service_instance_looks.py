@@ -7,14 +7,10 @@ ansible-playbook on localhost with a registered look."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.local_play import REPO, run_local_play
 
 
 def answer(unit, version):
@@ -33,12 +29,7 @@ def taken(tmp_path, looks, cases) -> dict:
               "tasks": [{"name": "Show", "ansible.builtin.copy": {
                   "dest": str(tmp_path / ("%s.json" % case)), "content": "{{ __inference_service_instance_look | to_json }}"}}]}
              for case, unit, step, in_loop in cases]
-    playbook = tmp_path / "looks.yml"
-    playbook.write_text(yaml.safe_dump(plays, sort_keys=False))
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)],
-                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ), check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    run_local_play(tmp_path / "looks.yml", plays)
     return {case: json.loads((tmp_path / ("%s.json" % case)).read_text()) for case, *dummy in cases}
 
 
