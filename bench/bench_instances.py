@@ -12,17 +12,20 @@ engine, as tests/integration/test_several_servers_fleet.py does. Then, R times, 
          hold GPUs 0,1 (the stand-in's dead_api), then the timed run
   four   the same vllm-a.service declared as one of four instances (b, c, d on GPUs 2-7, healthy
          and served, untimed first), vllm-a broken the same way, then the timed run
+  last   (only with --layouts) the four instances, vllm-d broken instead: the broken server
+         declared after its three healthy neighbours
 
 The timed run is `ansible-playbook playbooks/reset_and_serve.yml -l node1`, wall clock from
 start to exit, the host warm (its SSH reached just before by the untimed run or the timed run
 before, as a fleet's hosts are), its host contacts (ssh clients started, bench/ssh_contacts.py) and
-the moment vllm-a serves again (the gate's first /health 200 plus its first completion).
+the moment the broken server serves again (the gate's first /health 200 plus its first completion).
 The cost of an instance is (four - one) / 3: what each healthy neighbour adds to the reset of one
 broken server (it is assessed, spared, rendered and its gate's looks run).
 
   --versus CHECKOUT   each timed run again with that checkout's playbook (its roles and collection
-                      link), vllm-a broken again before it, on the same host in the same round:
+                      link), the server broken again before it, on the same host in the same round:
                       two trees measured under the same load
+  --layouts L,L       the layouts each round runs (default one,four)
 
 JSON: build/bench/instances.json (every run, the medians, the ratio, the cost per instance, and
 each other tree's medians).
@@ -52,39 +55,41 @@ from bench import provenance  # noqa: E402
 from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402
 
 OUT = REPO / "build" / "bench" / "instances.json"
-LAYOUTS = {"one": ("a",), "four": tuple(INSTANCES)}
+# Each layout's instances and the one broken in it.
+LAYOUTS = {"one": (("a",), "a"), "four": (tuple(INSTANCES), "a"), "last": (tuple(INSTANCES), "d")}
 
 
 def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
-    """Serve the layout healthy (untimed) unless the last timed run `served` it, break vllm-a, then
-    time `repo`'s reset_and_serve.yml."""
-    names = LAYOUTS[layout]
+    """Serve the layout healthy (untimed) unless the last timed run `served` its instances, break its
+    broken one, then time `repo`'s reset_and_serve.yml."""
+    names, broken = LAYOUTS[layout]
     if not served:
         others = [unit(name) for name in INSTANCES if name not in names]
         node.run(["systemctl", "disable", "--now", *others], check=False)
         proc, dummy = node.play(names=names)
         if proc.returncode != 0:
             raise RuntimeError(f"{layout}: serving healthy failed:\n{proc.stdout[-4000:]}")
-    break_api(node, "a")
+    break_api(node, broken)
     wrapper, ssh_log = ssh_counter(node.workdir)
     env = dict(os.environ, ANSIBLE_SSH_EXECUTABLE=str(wrapper), BENCH_SSH_LOG=str(ssh_log))
     started = time.monotonic()
     proc, report = node.play(names=names, repo=repo, env=env)
     wall = time.monotonic() - started
-    if proc.returncode != 0 or node.health("a") != 200:
+    if proc.returncode != 0 or node.health(broken) != 200:
         raise RuntimeError(f"{layout} ({repo}): the timed run failed:\n{proc.stdout[-4000:]}")
     (host,) = [row for row in report["hosts"] if row["host"] == HOST]
-    # vllm-a served again: the gate's first /health 200 plus its first completion, on CLOCK_MONOTONIC,
+    # The broken server served again: the gate's first /health 200 plus its first completion, on CLOCK_MONOTONIC,
     # which the nspawn host shares with this machine (as bench_inference_service.py reads it).
-    service = next((row["service"] for row in host.get("instances", []) if row["unit"] == unit("a")), host.get("service"))
+    service = next((row["service"] for row in host.get("instances", []) if row["unit"] == unit(broken)),
+                   host.get("service"))
     return {"layout": layout, "tree": str(repo), "wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 2),
             "serving_s": round(service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0 - started, 2),
             "host_contacts": len(contact_times(ssh_log)),
-            "instances_reset": [row["unit"] for row in host.get("instances", []) if row.get("reset")] or [unit("a")],
+            "instances_reset": [row["unit"] for row in host.get("instances", []) if row.get("reset")] or [unit(broken)],
             "host_module_s": host.get("seconds")}
 
 
-def measure(repeat: int, versus=()) -> dict:
+def measure(repeat: int, versus=(), layouts=("one", "four")) -> dict:
     lib = build_library(REPO / "build" / "fake_nvml")
     workdir = Path(tempfile.mkdtemp(prefix="bench-instances-"))
     fleet = Fleet(workdir / "fleet", hosts=1, gpus=GPUS, copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
@@ -96,11 +101,12 @@ def measure(repeat: int, versus=()) -> dict:
         node = Node(fleet, workdir)
         runs = []
         for index in range(repeat):
-            for layout in (("one", "four") if index % 2 == 0 else ("four", "one")):
+            for layout in (layouts if index % 2 == 0 else layouts[::-1]):
                 for repo in trees:
                     # Each run starts with the layout the run before ended with: that timed run left
                     # it served healthy (its exit and vllm-a's /health checked), as the untimed run would.
-                    runs.append(timed_run(node, layout, served=bool(runs) and runs[-1]["layout"] == layout, repo=repo))
+                    served = bool(runs) and LAYOUTS[runs[-1]["layout"]][0] == LAYOUTS[layout][0]
+                    runs.append(timed_run(node, layout, served=served, repo=repo))
                     print(json.dumps(runs[-1]), flush=True)
     finally:
         # The node's HAProxy runs on this machine, the fleet's files under workdir: neither outlives the bench.
@@ -111,7 +117,7 @@ def measure(repeat: int, versus=()) -> dict:
 
     def medians(tree, key="wall_s"):
         mine = [run for run in runs if run["tree"] == str(tree)]
-        return {layout: statistics.median(run[key] for run in mine if run["layout"] == layout) for layout in LAYOUTS}
+        return {layout: statistics.median(run[key] for run in mine if run["layout"] == layout) for layout in layouts}
     median, contacts, serving = medians(REPO), medians(REPO, "host_contacts"), medians(REPO, "serving_s")
     per_extra = round((median["four"] - median["one"]) / (len(INSTANCES) - 1), 2)
     doc = {"repeat": repeat, "runs": runs, "median_wall_s": median, "median_host_contacts": contacts,
@@ -131,7 +137,7 @@ def measure(repeat: int, versus=()) -> dict:
         doc["summary"] += [{"measure": "serve: %s, vs another tree" % layout, "ours_s": median[layout],
                             "baseline": str(tree), "baseline_s": theirs[layout],
                             "ratio": round(median[layout] / theirs[layout], 2), "target": None, "met": None}
-                           for layout in LAYOUTS]
+                           for layout in layouts]
     return doc
 
 
@@ -141,10 +147,16 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
                         help="also time another checkout's reset_and_serve.yml in each round, on the same host")
+    parser.add_argument("--layouts", default="one,four",
+                        help="the layouts each round runs, of %s (one and four make the per-instance figures)"
+                        % ", ".join(LAYOUTS))
     args = parser.parse_args()
+    layouts = tuple(args.layouts.split(","))
+    if not {"one", "four"} <= set(layouts) or not set(layouts) <= set(LAYOUTS):
+        parser.error("--layouts must hold one and four, and may add last; got %r" % args.layouts)
     versus = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("instances", versus=versus)
-    doc = dict(measure(args.repeat, versus), measured_on=provenance.end(measured_on))
+    doc = dict(measure(args.repeat, versus, layouts), measured_on=provenance.end(measured_on))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"vllm-a serving again: {doc['median_serving_s']['one']:.1f} s alone, {doc['median_serving_s']['four']:.1f} s "
@@ -153,7 +165,13 @@ def main() -> int:
           f"{doc['median_wall_s']['four']:.1f} s ({doc['ratio_four_to_one']:.2f}x); "
           f"{doc['per_extra_instance_s']:.2f} s per healthy instance (median of {args.repeat}); host contacts "
           f"{doc['median_host_contacts']['one']:g} alone, {doc['median_host_contacts']['four']:g} beside three; {OUT}")
+    if "last" in layouts:
+        print(f"vllm-d, declared after three healthy neighbours, serving again: {doc['median_serving_s']['last']:.1f} s; "
+              f"end of the run {doc['median_wall_s']['last']:.1f} s")
     for tree, theirs in doc["versus"].items():
+        if "last" in layouts:
+            print(f"{tree}: vllm-d after three healthy serving again at {theirs['median_serving_s']['last']:.1f} s, "
+                  f"end {theirs['median_wall_s']['last']:.1f} s")
         print(f"{tree}: alone {theirs['median_wall_s']['one']:.1f} s ({theirs['median_host_contacts']['one']:g} contacts, "
               f"serving again at {theirs['median_serving_s']['one']:.1f} s), beside three {theirs['median_wall_s']['four']:.1f} s "
               f"({theirs['median_host_contacts']['four']:g} contacts, serving again at {theirs['median_serving_s']['four']:.1f} s)")

@@ -383,7 +383,14 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
     # The report: one row per instance, the two broken ones reset and restarted, with the MainPID
     # systemd has now; the host ok, and what it freed was on the broken instances' GPUs only.
     rows = instance_rows(report, HOST)
-    assert set(rows) == {unit(name) for name in INSTANCES}, rows
+    assert list(rows) == [unit(name) for name in INSTANCES], rows  # in the instances' order, as declared
+    # ... though c, reset, was served before b, its healthy neighbour declared before it: a broken server
+    # does not wait for the neighbours' gates (b's gate judged it ready after c's window).
+    assert rows[unit("c")]["service"]["ready_monotonic"] < rows[unit("b")]["service"]["ready_monotonic"], rows
+    # Both broken servers were started before either was gated: c's unit started before a's gate saw a's
+    # first answer, where one after another c waited for a's load and stability window.
+    c_started = int(node.show("c", "ExecMainStartTimestampMonotonic")) / 1e6
+    assert 0 < c_started < rows[unit("a")]["service"]["ready_monotonic"], (c_started, rows[unit("a")]["service"])
     for name in INSTANCES:
         row = rows[unit(name)]
         assert row["gpus"] == gpus_of(name) and row["service_status"] == "ready" and row["ok"], row
