@@ -14,11 +14,14 @@ engine, as tests/integration/test_several_servers_fleet.py does. Then, R times, 
          and served, untimed first), vllm-a broken the same way, then the timed run
   last   (only with --layouts) the four instances, vllm-d broken instead: the broken server
          declared after its three healthy neighbours
+  two    (only with --layouts) the four instances, vllm-a and vllm-c broken: "serving again" is
+         the later of the two
 
 The timed run is `ansible-playbook playbooks/reset_and_serve.yml -l node1`, wall clock from
 start to exit, the host warm (its SSH reached just before by the untimed run or the timed run
 before, as a fleet's hosts are), its host contacts (ssh clients started, bench/ssh_contacts.py) and
-the moment the broken server serves again (the gate's first /health 200 plus its first completion).
+the moment the broken server serves again (the gate's first /health 200 plus its first completion;
+the last of them where two are broken).
 The cost of an instance is (four - one) / 3: what each healthy neighbour adds to the reset of one
 broken server (it is assessed, spared, rendered and its gate's looks run).
 
@@ -55,13 +58,14 @@ from bench import provenance  # noqa: E402
 from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402
 
 OUT = REPO / "build" / "bench" / "instances.json"
-# Each layout's instances and the one broken in it.
-LAYOUTS = {"one": (("a",), "a"), "four": (tuple(INSTANCES), "a"), "last": (tuple(INSTANCES), "d")}
+# Each layout's instances and those broken in it.
+LAYOUTS = {"one": (("a",), ("a",)), "four": (tuple(INSTANCES), ("a",)), "last": (tuple(INSTANCES), ("d",)),
+           "two": (tuple(INSTANCES), ("a", "c"))}
 
 
 def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
     """Serve the layout healthy (untimed) unless the last timed run `served` its instances, break its
-    broken one, then time `repo`'s reset_and_serve.yml."""
+    broken ones, then time `repo`'s reset_and_serve.yml."""
     names, broken = LAYOUTS[layout]
     if not served:
         others = [unit(name) for name in INSTANCES if name not in names]
@@ -69,23 +73,25 @@ def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
         proc, dummy = node.play(names=names)
         if proc.returncode != 0:
             raise RuntimeError(f"{layout}: serving healthy failed:\n{proc.stdout[-4000:]}")
-    break_api(node, broken)
+    for name in broken:
+        break_api(node, name)
     wrapper, ssh_log = ssh_counter(node.workdir)
     env = dict(os.environ, ANSIBLE_SSH_EXECUTABLE=str(wrapper), BENCH_SSH_LOG=str(ssh_log))
     started = time.monotonic()
     proc, report = node.play(names=names, repo=repo, env=env)
     wall = time.monotonic() - started
-    if proc.returncode != 0 or node.health(broken) != 200:
+    if proc.returncode != 0 or any(node.health(name) != 200 for name in broken):
         raise RuntimeError(f"{layout} ({repo}): the timed run failed:\n{proc.stdout[-4000:]}")
     (host,) = [row for row in report["hosts"] if row["host"] == HOST]
-    # The broken server served again: the gate's first /health 200 plus its first completion, on CLOCK_MONOTONIC,
+    # The broken servers served again: the gate's first /health 200 plus its first completion, on CLOCK_MONOTONIC,
     # which the nspawn host shares with this machine (as bench_inference_service.py reads it).
-    service = next((row["service"] for row in host.get("instances", []) if row["unit"] == unit(broken)),
-                   host.get("service"))
+    services = [next((row["service"] for row in host.get("instances", []) if row["unit"] == unit(name)),
+                     host.get("service")) for name in broken]
     return {"layout": layout, "tree": str(repo), "wall_s": round(wall, 2), "load": round(os.getloadavg()[0], 2),
-            "serving_s": round(service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0 - started, 2),
+            "serving_s": round(max(service["ready_monotonic"] + (service["first_completion_ms"] or 0) / 1000.0
+                                   for service in services) - started, 2),
             "host_contacts": len(contact_times(ssh_log)),
-            "instances_reset": [row["unit"] for row in host.get("instances", []) if row.get("reset")] or [unit(broken)],
+            "instances_reset": [row["unit"] for row in host.get("instances", []) if row.get("reset")] or [unit(name) for name in broken],
             "host_module_s": host.get("seconds")}
 
 
@@ -153,7 +159,7 @@ def main() -> int:
     args = parser.parse_args()
     layouts = tuple(args.layouts.split(","))
     if not {"one", "four"} <= set(layouts) or not set(layouts) <= set(LAYOUTS):
-        parser.error("--layouts must hold one and four, and may add last; got %r" % args.layouts)
+        parser.error("--layouts must hold one and four, and may add last and two; got %r" % args.layouts)
     versus = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("instances", versus=versus)
     doc = dict(measure(args.repeat, versus, layouts), measured_on=provenance.end(measured_on))
@@ -168,10 +174,14 @@ def main() -> int:
     if "last" in layouts:
         print(f"vllm-d, declared after three healthy neighbours, serving again: {doc['median_serving_s']['last']:.1f} s; "
               f"end of the run {doc['median_wall_s']['last']:.1f} s")
+    if "two" in layouts:
+        print(f"vllm-a and vllm-c broken, both serving again: {doc['median_serving_s']['two']:.1f} s; "
+              f"end of the run {doc['median_wall_s']['two']:.1f} s")
     for tree, theirs in doc["versus"].items():
-        if "last" in layouts:
-            print(f"{tree}: vllm-d after three healthy serving again at {theirs['median_serving_s']['last']:.1f} s, "
-                  f"end {theirs['median_wall_s']['last']:.1f} s")
+        for layout in ("last", "two"):
+            if layout in layouts:
+                print(f"{tree}: {layout}: serving again at {theirs['median_serving_s'][layout]:.1f} s, "
+                      f"end {theirs['median_wall_s'][layout]:.1f} s")
         print(f"{tree}: alone {theirs['median_wall_s']['one']:.1f} s ({theirs['median_host_contacts']['one']:g} contacts, "
               f"serving again at {theirs['median_serving_s']['one']:.1f} s), beside three {theirs['median_wall_s']['four']:.1f} s "
               f"({theirs['median_host_contacts']['four']:g} contacts, serving again at {theirs['median_serving_s']['four']:.1f} s)")
