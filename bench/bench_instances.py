@@ -29,6 +29,8 @@ broken server (it is assessed, spared, rendered and its gate's looks run).
                       link), the server broken again before it, on the same host in the same round:
                       two trees measured under the same load
   --layouts L,L       the layouts each round runs (default one,four)
+  --load-s S          the broken servers' next start loads S seconds (a model's load; default: the
+                      stand-in's 1 s of the fleet tests)
 
 JSON: build/bench/instances.json (every run, the medians, the ratio, the cost per instance, and
 each other tree's medians).
@@ -53,7 +55,7 @@ from tests.fixtures.fake_nvml import build_library  # noqa: E402
 from tests.integration.conftest import HOST_NVML_LIB, HOST_TESTS  # noqa: E402
 from tests.integration.fleet import Fleet, engines  # noqa: E402
 from tests.integration.test_several_servers_fleet import (  # noqa: E402
-    GPUS, HOST, INSTANCES, Node, break_api, unit)
+    GPUS, HOST, INSTANCES, Node, break_api, fault_file, unit)
 from bench import provenance  # noqa: E402
 from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402
 
@@ -63,7 +65,7 @@ LAYOUTS = {"one": (("a",), ("a",)), "four": (tuple(INSTANCES), ("a",)), "last": 
            "two": (tuple(INSTANCES), ("a", "c"))}
 
 
-def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
+def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO, load_s=None) -> dict:
     """Serve the layout healthy (untimed) unless the last timed run `served` its instances, break its
     broken ones, then time `repo`'s reset_and_serve.yml."""
     names, broken = LAYOUTS[layout]
@@ -75,11 +77,17 @@ def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
             raise RuntimeError(f"{layout}: serving healthy failed:\n{proc.stdout[-4000:]}")
     for name in broken:
         break_api(node, name)
+    # The stand-in reads its fault file at each start: the timed run's start of each broken server loads load_s.
+    loads = [node.fleet.hosts[HOST].root / fault_file(name).lstrip("/") for name in broken] if load_s else []
+    for path in loads:
+        path.write_text(json.dumps({"load_s": load_s}))
     wrapper, ssh_log = ssh_counter(node.workdir)
     env = dict(os.environ, ANSIBLE_SSH_EXECUTABLE=str(wrapper), BENCH_SSH_LOG=str(ssh_log))
     started = time.monotonic()
     proc, report = node.play(names=names, repo=repo, env=env)
     wall = time.monotonic() - started
+    for path in loads:
+        path.unlink()
     if proc.returncode != 0 or any(node.health(name) != 200 for name in broken):
         raise RuntimeError(f"{layout} ({repo}): the timed run failed:\n{proc.stdout[-4000:]}")
     (host,) = [row for row in report["hosts"] if row["host"] == HOST]
@@ -95,7 +103,7 @@ def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO) -> dict:
             "host_module_s": host.get("seconds")}
 
 
-def measure(repeat: int, versus=(), layouts=("one", "four")) -> dict:
+def measure(repeat: int, versus=(), layouts=("one", "four"), load_s=None) -> dict:
     lib = build_library(REPO / "build" / "fake_nvml")
     workdir = Path(tempfile.mkdtemp(prefix="bench-instances-"))
     fleet = Fleet(workdir / "fleet", hosts=1, gpus=GPUS, copy_in={HOST_TESTS: REPO / "tests", HOST_NVML_LIB: lib})
@@ -112,7 +120,7 @@ def measure(repeat: int, versus=(), layouts=("one", "four")) -> dict:
                     # Each run starts with the layout the run before ended with: that timed run left
                     # it served healthy (its exit and vllm-a's /health checked), as the untimed run would.
                     served = bool(runs) and LAYOUTS[runs[-1]["layout"]][0] == LAYOUTS[layout][0]
-                    runs.append(timed_run(node, layout, served=served, repo=repo))
+                    runs.append(timed_run(node, layout, served=served, repo=repo, load_s=load_s))
                     print(json.dumps(runs[-1]), flush=True)
     finally:
         # The node's HAProxy runs on this machine, the fleet's files under workdir: neither outlives the bench.
@@ -153,6 +161,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
                         help="also time another checkout's reset_and_serve.yml in each round, on the same host")
+    parser.add_argument("--load-s", type=float, default=None,
+                        help="seconds the broken servers' next start loads (default: the stand-in's 1 s)")
     parser.add_argument("--layouts", default="one,four",
                         help="the layouts each round runs, of %s (one and four make the per-instance figures)"
                         % ", ".join(LAYOUTS))
@@ -162,7 +172,8 @@ def main() -> int:
         parser.error("--layouts must hold one and four, and may add last and two; got %r" % args.layouts)
     versus = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("instances", versus=versus)
-    doc = dict(measure(args.repeat, versus, layouts), measured_on=provenance.end(measured_on))
+    doc = dict(measure(args.repeat, versus, layouts, args.load_s), load_s=args.load_s,
+               measured_on=provenance.end(measured_on))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"vllm-a serving again: {doc['median_serving_s']['one']:.1f} s alone, {doc['median_serving_s']['four']:.1f} s "
