@@ -170,6 +170,8 @@ def main() -> int:
     layouts = tuple(args.layouts.split(","))
     if not {"one", "four"} <= set(layouts) or not set(layouts) <= set(LAYOUTS):
         parser.error("--layouts must hold one and four, and may add last and two; got %r" % args.layouts)
+    if args.load_s is not None and not 0 < args.load_s < 3600:
+        parser.error("--load-s must be a number of seconds above 0 and below 3600; got %r" % args.load_s)
     versus = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("instances", versus=versus)
     doc = dict(measure(args.repeat, versus, layouts, args.load_s), load_s=args.load_s,
