@@ -16,6 +16,8 @@ engine, as tests/integration/test_several_servers_fleet.py does. Then, R times, 
          declared after its three healthy neighbours
   two    (only with --layouts) the four instances, vllm-a and vllm-c broken: "serving again" is
          the later of the two
+  all    (only with --layouts) the four instances, all broken (a node that crashed): "serving
+         again" is the last of the four
 
 The timed run is `ansible-playbook playbooks/reset_and_serve.yml -l node1`, wall clock from
 start to exit, the host warm (its SSH reached just before by the untimed run or the timed run
@@ -62,7 +64,7 @@ from bench.ssh_contacts import contact_times, ssh_counter  # noqa: E402
 OUT = REPO / "build" / "bench" / "instances.json"
 # Each layout's instances and those broken in it.
 LAYOUTS = {"one": (("a",), ("a",)), "four": (tuple(INSTANCES), ("a",)), "last": (tuple(INSTANCES), ("d",)),
-           "two": (tuple(INSTANCES), ("a", "c"))}
+           "two": (tuple(INSTANCES), ("a", "c")), "all": (tuple(INSTANCES), tuple(INSTANCES))}
 
 
 def timed_run(node: Node, layout: str, served: bool, repo: Path = REPO, load_s=None) -> dict:
@@ -169,7 +171,7 @@ def main() -> int:
     args = parser.parse_args()
     layouts = tuple(args.layouts.split(","))
     if not {"one", "four"} <= set(layouts) or not set(layouts) <= set(LAYOUTS):
-        parser.error("--layouts must hold one and four, and may add last and two; got %r" % args.layouts)
+        parser.error("--layouts must hold one and four, and may add last, two and all; got %r" % args.layouts)
     if args.load_s is not None and not 0 < args.load_s < 3600:
         parser.error("--load-s must be a number of seconds above 0 and below 3600; got %r" % args.load_s)
     versus = provenance.versus_checkouts(parser, args.versus)
@@ -190,8 +192,11 @@ def main() -> int:
     if "two" in layouts:
         print(f"vllm-a and vllm-c broken, both serving again: {doc['median_serving_s']['two']:.1f} s; "
               f"end of the run {doc['median_wall_s']['two']:.1f} s")
+    if "all" in layouts:
+        print(f"all four broken, all serving again: {doc['median_serving_s']['all']:.1f} s; "
+              f"end of the run {doc['median_wall_s']['all']:.1f} s")
     for tree, theirs in doc["versus"].items():
-        for layout in ("last", "two"):
+        for layout in ("last", "two", "all"):
             if layout in layouts:
                 print(f"{tree}: {layout}: serving again at {theirs['median_serving_s'][layout]:.1f} s, "
                       f"end {theirs['median_wall_s'][layout]:.1f} s")

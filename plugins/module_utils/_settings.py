@@ -423,15 +423,16 @@ SETTINGS = (
             passes=(Pass(GATE, version_added='0.2.0', description=(
                 'With O(unit), seconds after the server first answered at which the unit is read again, after the '
                 'smoke test; a unit that died, restarted or is not active then fails the gate.',
-                'A server this run did not start (O(started) false) that an earlier look saw answering '
-                '(O(healthy_seen)), in the invocation it still runs, has been answering since that look; the '
-                'window counts from it.',)),),
+                'A server that an earlier look saw answering (O(healthy_seen)), in the invocation it still runs, '
+                'has been answering since that look; the window counts from it.',)),),
             description=('Seconds the server must stay up, in the same systemd invocation, after it first answers, before the '
                          'gate passes; the unit is read again after the smoke completions and the metrics, no sooner than '
                          'this. An engine that dies or restarts meanwhile fails the host with the journal lines of that '
                          'invocation.',
                          'A server C(reset_and_serve.yml) leaves running has been answering since its assessment saw it '
-                         "answer, in the same invocation; its window counts from that look (the gate's C(stable_since)).",)),
+                         "answer, in the same invocation; its window counts from that look (the gate's C(stable_since)). "
+                         'Of the servers of one host it reset, each one after the first counts its window from when '
+                         'the gate before it saw it answer, so that their windows overlap.',)),
     Setting('poll_interval',
             'float',
             default=1,

@@ -124,11 +124,13 @@ options:
     default: false
   healthy_seen:
     description:
-      - What an earlier look of this run (O(mode=probe)) saw - C(invocation_id), the unit's C(InvocationID), and
-        C(monotonic), RV(healthy_monotonic), the moment it answered healthy. Used only with O(unit), with O(started)
-        false, and while the unit still runs that invocation (systemd gives every start a new one); else ignored.
+      - What an earlier look of this run saw - C(invocation_id), the unit's C(InvocationID), and C(monotonic), the
+        moment it answered healthy (a probe's RV(healthy_monotonic), or another gate's watch, RV(servers)). Used only
+        with O(unit), while the unit still runs that invocation (systemd gives every start a new one), and when that
+        moment is after the invocation started and not after the gate's own first answer; else ignored.
       - Empty, the window counts from the gate's own first answer. C(reset_and_serve.yml) passes the assessment's,
-        so that a healthy neighbour it left running is not held O(stable_s) again.
+        so that a healthy neighbour it left running is not held O(stable_s) again, and for a server it started, the
+        watch of the gate before it (O(servers)), so that the windows of the servers it started together overlap.
     type: dict
     default: {}
     version_added: 0.3.0
@@ -171,6 +173,12 @@ options:
         and O(settings)), checked as the task's own are; an option it does not give takes this module's default, not
         the task's value. It may not give O(mode), O(servers) or O(xid).
       - Their answers are RV(servers), in the same order. The secrets of every server are hidden in every answer.
+      - With O(mode=gate) and O(unit), servers this run started with the gated one, that the gate watches while it
+        holds its own server's stability window (O(stable_s)), a time it would otherwise sleep. Each is polled, every
+        O(poll_interval), until its health endpoints answer 200 from its own unit's processes. RV(servers) gives when
+        each did, as O(healthy_seen) takes it, so that its own gate counts its window from that moment. A poll is cut
+        at the window's end, so the gate ends when its window does, and a server not seen answering by then is held
+        its own whole window. The watch fails nothing; what a server does there is its own gate's to judge.
     type: list
     elements: dict
     default: []
@@ -225,8 +233,8 @@ options:
     description:
       - With O(unit), seconds after the server first answered at which the unit is read again, after the smoke test; a
         unit that died, restarted or is not active then fails the gate.
-      - A server this run did not start (O(started) false) that an earlier look saw answering (O(healthy_seen)), in the
-        invocation it still runs, has been answering since that look; the window counts from it.
+      - A server that an earlier look saw answering (O(healthy_seen)), in the invocation it still runs, has been answering
+        since that look; the window counts from it.
     type: float
     default: 5
     version_added: 0.2.0
@@ -379,7 +387,10 @@ servers:
   description:
     - The look at each server of O(servers), in their order, each answer as the task's own (RV(verdict), RV(healthy),
       RV(needs_reset), RV(last_seen), RV(unit), ...).
-  returned: when O(mode=probe) and O(servers) are given
+    - With O(mode=gate), what the watch saw of each, in their order - C(unit); C(healthy_seen), the record for that
+      server's own gate (C(invocation_id), C(monotonic)), empty when it was not seen answering from its unit; and
+      C(last_seen), its last poll's answer in words (C(not looked at) when the window left no time for one).
+  returned: when O(servers) are given, in O(mode=gate) once the server's window began
   type: list
   elements: dict
   sample: [{"verdict": "healthy", "healthy": true, "needs_reset": false, "last_seen": "HTTP 200; a 1-token completion answered in 41 ms"}]
@@ -443,7 +454,8 @@ healthy_monotonic:
 stable_since:
   description:
     - What the stability window (O(stable_s)) counted from - V(first answer) (the gate's) or V(earlier look)
-      (O(healthy_seen), the same invocation answering earlier in the run).
+      (O(healthy_seen), the same invocation answering earlier in the run, seen by the assessment's look or by the
+      watch of the gate before).
   returned: when the gate passed with O(unit)
   type: str
   sample: earlier look
@@ -676,6 +688,12 @@ def unit_state(module, unit):
         raise GateError("systemctl show %s failed: %s" % (unit, (err or out).strip()))
     state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return {key: state.get(key, "") for key in UNIT_PROPERTIES}
+
+
+def invocation_start(state):
+    """When the unit's current invocation started (CLOCK_MONOTONIC seconds), 0 where systemd does not say."""
+    started_us = state.get("ExecMainStartTimestampMonotonic") or "0"
+    return int(started_us) / 1e6 if started_us.isdigit() else 0.0
 
 
 def journal_argv(unit, invocation_id, lines):
@@ -993,11 +1011,10 @@ def loading(params, state, now):
             or state.get("SubState") == "auto-restart":
         return None
     pid = main_pid_alive(state)
-    started_us = int(state.get("ExecMainStartTimestampMonotonic") or 0) \
-        if (state.get("ExecMainStartTimestampMonotonic") or "0").isdigit() else 0
-    if pid is None or started_us <= 0:
+    started = invocation_start(state)
+    if pid is None or started <= 0:
         return None
-    age = now - started_us / 1e6
+    age = now - started
     return (age, pid) if 0 <= age < params["timeout"] else None
 
 
@@ -1380,20 +1397,62 @@ def speculation(params):
 
 def answering_since(params, state, ready_at):
     """(since when the unit's invocation is known to answer, what that moment is): the gate's first
-    answer, or an earlier look's (healthy_seen) at the invocation the unit still runs, which this run
-    did not start. A restart makes a new InvocationID, so a match means no restart in between; a
-    moment after the gate's own answer (a clock from another boot, a made-up value) is not used."""
+    answer, or an earlier look's (healthy_seen) at the invocation the unit still runs - the assessment's
+    at a server this run left running, another gate's watch (watch) at one it started. A restart makes
+    a new InvocationID, so a match means no restart in between; a moment before the invocation started
+    (a look that raced a restart) or after the gate's own answer (a clock from another boot, a made-up
+    value) is not used."""
     seen = params["healthy_seen"]
-    if (params["unit"] and not params["started"] and seen
-            and seen["invocation_id"] == state.get("InvocationID") and 0 <= seen["monotonic"] <= ready_at):
+    if (params["unit"] and seen and seen["invocation_id"] == state.get("InvocationID")
+            and invocation_start(state) <= seen["monotonic"] <= ready_at):
         return seen["monotonic"], "earlier look"
     return ready_at, "first answer"
 
 
-def stay(module, params, baseline, since, result, mask):
+def answering(module, server, timeout):
+    """(healthy_seen's record, what was seen): the record of one poll of a watched server whose health
+    endpoints answer 200 from its active unit's processes, else {} - the gate's own test of a first
+    answer (wait_healthy), without the smoke test its own gate makes."""
+    verdict, seen = probe(server, timeout)
+    seen_at = time.monotonic()
+    if verdict != "healthy":
+        return {}, seen
+    try:
+        state = unit_state(module, server["unit"])
+    except GateError as exc:
+        return {}, "%s, but %s" % (seen, exc)
+    if state["ActiveState"] != "active" or not INVOCATION_ID.match(state["InvocationID"]):
+        return {}, "%s, but unit %s is %s (%s)" % (seen, server["unit"], state["ActiveState"], state["SubState"])
+    foreign, dummy_holder, dummy_unproven = port_problem(server["port"], server["unit"], state["ControlGroup"],
+                                                         listeners(server["port"]))
+    if foreign:
+        return {}, "%s, but %s" % (seen, foreign)
+    return {"invocation_id": state["InvocationID"], "monotonic": round(seen_at, 3)}, seen
+
+
+def watch(module, servers, until, interval):
+    """RV(servers) of the gate: each server polled (answering) every interval until it answered from
+    its unit or `until` (the gated server's window's end) came; a poll's requests cut at `until`."""
+    answers = [{"unit": server["unit"], "healthy_seen": {}, "last_seen": "not looked at"} for server in servers]
+    while True:
+        round_start = time.monotonic()
+        for server, answer in zip(servers, answers):
+            left = until - time.monotonic()
+            if not answer["healthy_seen"] and left > 0:
+                answer["healthy_seen"], answer["last_seen"] = answering(module, server, min(health_timeout(server), left))
+        if all(answer["healthy_seen"] for answer in answers) or time.monotonic() >= until:
+            return answers
+        time.sleep(max(0.0, min(round_start + interval, until) - time.monotonic()))
+
+
+def stay(module, params, baseline, since, result, mask, servers=()):
     """The unit must still run the invocation that answered, stable_s after it first did: an
-    engine that crashes under its first requests is not ready."""
-    time.sleep(max(0.0, since + params["stable_s"] - time.monotonic()))
+    engine that crashes under its first requests is not ready. The servers to watch are watched
+    meanwhile (watch), in a time the gate would sleep."""
+    until = since + params["stable_s"]
+    if servers:
+        result["servers"] = watch(module, servers, until, params["poll_interval"])
+    time.sleep(max(0.0, until - time.monotonic()))
     state = unit_state(module, params["unit"])
     result["unit"] = state
     why = unstable(state, baseline)
@@ -1532,13 +1591,18 @@ def main():
     params = module.params
     problems = option_problems(params)
     servers = []
-    if params["servers"] and params["mode"] != "probe":
-        problems.append("servers are looked at by mode=probe; the gate (mode=gate) waits for one server")
+    if params["servers"] and params["mode"] == "gate" and not params["unit"]:
+        # What the watch records is an invocation's: without its own unit the gate holds no window to watch in.
+        problems.append("servers are watched by the gate (mode=gate) while it holds its unit's stability window: "
+                        "give unit, or look at them with mode=probe")
     elif params["servers"]:
         for index, given in enumerate(params["servers"]):
             server, server_problems = server_params(index, given)
             servers.append(server)
             problems.extend(server_problems)
+            if params["mode"] == "gate" and server is not None and not server["unit"]:
+                problems.append("servers[%d]: the gate watches a server's unit, whose invocation its record names: "
+                                "give unit" % index)
     # Every server's secrets hidden in every answer: one server's error may quote another's URL or key.
     mask = Masker(list(params["secrets"]) + [params["api_key"]] + sorted(server_secrets(params["servers"])))
     if problems:
@@ -1566,7 +1630,7 @@ def main():
                 result.update(journal(module, params, baseline.get("invocation_id", ""), mask))
             module.exit_json(**mask(result))
         result.update(state="ready", ready_monotonic=round(ready_at, 3))
-        started = int(state.get("ExecMainStartTimestampMonotonic") or 0) / 1e6 if state else 0
+        started = invocation_start(state) if state else 0
         if params["started"] and started > 0:
             result["ready_s"] = round(ready_at - started, 2)
         result.update(smoke(params, mask))
@@ -1574,7 +1638,7 @@ def main():
             result["speculation"] = speculation(params)
         if params["unit"]:
             since, result["stable_since"] = answering_since(params, state, ready_at)
-            stay(module, params, baseline, since, result, mask)
+            stay(module, params, baseline, since, result, mask, servers)
     except GateError as exc:
         result.update(exc.result)
         msg = str(exc)

@@ -9,7 +9,8 @@ A route is the full request path (query left out) and says what to answer: `stat
 `json` (a value sent as JSON), `text` (sent as it is), `texts` (one after the other, a request each,
 then again from the first) or `body_hex` (bytes, as hex), `content_type`, `headers` (more response
 headers, such as a redirect's Location), `delay` (seconds before the answer), `trickle_s` (seconds
-between the body's bytes, sent one by one), `endless` (the body sent again and again, with no
+between the body's bytes, sent one by one), `ready_at` (CLOCK_MONOTONIC seconds before which the
+route answers 503, as a loading engine's /health does), `endless` (the body sent again and again, with no
 length, until the client goes), `exit` (the process exits at once, answering nothing, as an
 engine that crashes).
 Any other path answers 404. The server ends when its stdin closes, which the context
@@ -118,7 +119,8 @@ def _handler(routes):
                 body = json.dumps(route["json"]).encode()
             else:
                 body = b""
-            self.send_response(route.get("status", 200))
+            loading = time.monotonic() < route.get("ready_at", 0)
+            self.send_response(503 if loading else route.get("status", 200))
             self.send_header("Content-Type", route.get("content_type", "application/json"))
             if route.get("endless"):
                 self.send_header("Connection", "close")

@@ -97,11 +97,3 @@ def test_an_entry_it_cannot_use_is_refused_by_its_place_before_any_server_is_ask
     assert "servers[3]: mode, xid are the task's alone, not a server's" in msg, msg
     assert "servers[4]: no such option: bogus" in msg, msg
     assert "servers" not in result and asked_after == asked_before
-
-
-def test_the_gate_waits_for_one_server(node):  # noqa: F811
-    with engine(node, "vllm", ["--served-model-name", "llama"]) as served:
-        served.wait_ready()
-        result = run_module("inference_ready", dict(server(served.port), mode="gate", timeout=5, servers=[server(served.port)]))
-    assert result["rc"] == 1 and result["msg"] == ("servers are looked at by mode=probe; the gate (mode=gate) waits "
-                                                   "for one server"), result

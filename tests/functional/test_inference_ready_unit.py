@@ -158,31 +158,41 @@ def test_a_server_that_stops_answering_after_readiness_is_not_ready(tmp_path):
 
 def look_then_gate(tmp_path, name, units, gate_params, look_units=None):
     """A probe (the assessment's look) then, 1 s later, a gate with stable_s 3 that is handed the
-    look's record: (the look, the gate, the monotonic time of the gate's last unit read)."""
+    look's record: (the look, the gate, the monotonic time of the gate's last unit read). `units`
+    may be a function of the look's moment (the gated unit's states)."""
     looks = FakeSystemd(tmp_path / (name + "-look"), look_units or [unit(ControlGroup="/")], JOURNAL)
-    systemd = FakeSystemd(tmp_path / name, units, JOURNAL)
     with fake_engine_process(serving()) as (port, dummy):
         look = gate(looks, port, mode="probe")
+        systemd = FakeSystemd(tmp_path / name, units(look["healthy_monotonic"]) if callable(units) else units, JOURNAL)
         time.sleep(1)
         seen = {"invocation_id": look["unit"]["InvocationID"], "monotonic": look["healthy_monotonic"]}
         result = gate(systemd, port, stable_s=3, healthy_seen=seen, **gate_params)
     return look, result, systemd.calls("systemctl")[-1]["monotonic"]
 
 
+def started_at(moment):
+    """The gated unit's states: its invocation started at `moment` (CLOCK_MONOTONIC seconds)."""
+    return [unit(ControlGroup="/", ExecMainStartTimestampMonotonic=str(int(moment * 1e6)))]
+
+
 def test_a_server_left_running_is_not_held_a_whole_window_again_after_the_look_that_saw_it_answer(tmp_path):
     """Four servers on a node, one broken: each healthy neighbour's gate waited its own 5 s after
-    answering, though the assessment had seen the same invocation answer long before."""
-    look, result, last_read = look_then_gate(tmp_path, "left-running", [unit(ControlGroup="/")], {})
-    assert look["verdict"] == "healthy" and look["healthy_monotonic"] <= result["ready_monotonic"], look
-    assert result["rc"] == 0 and result["stable_since"] == "earlier look", result
-    # The window is 3 s from the look, which was 1 s before the gate's first answer.
-    assert look["healthy_monotonic"] + 3 <= last_read < result["ready_monotonic"] + 3, (look, result, last_read)
+    answering, though the assessment had seen the same invocation answer long before. The same
+    for a server this run started with another, whose gate (its watch) saw it answer: the windows
+    of the servers started together overlap."""
+    for name, params in (("left-running", {}), ("started", {"started": True})):
+        look, result, last_read = look_then_gate(tmp_path, name, lambda moment: started_at(moment - 2), params)
+        assert look["verdict"] == "healthy" and look["healthy_monotonic"] <= result["ready_monotonic"], look
+        assert result["rc"] == 0 and result["stable_since"] == "earlier look", (name, result)
+        # The window is 3 s from the look, which was 1 s before the gate's first answer.
+        assert look["healthy_monotonic"] + 3 <= last_read < result["ready_monotonic"] + 3, (name, look, result, last_read)
 
 
-def test_a_server_this_run_started_or_that_restarted_since_the_look_gets_its_whole_window(tmp_path):
-    # The look's moment says nothing about an invocation it did not see: one this run started, or one
+def test_a_server_started_or_restarted_since_the_look_gets_its_whole_window(tmp_path):
+    # The look's moment says nothing about an invocation it did not see: one started after it (a watch
+    # whose unit read raced a restart names the new invocation with the old one's answer), or one
     # systemd started since (a crash and Restart=, or someone's restart).
-    for name, units, params in (("started", [unit(ControlGroup="/")], {"started": True}),
+    for name, units, params in (("started", lambda moment: started_at(moment + 0.5), {"started": True}),
                                 ("restarted", [unit(ControlGroup="/", InvocationID="c" * 32, MainPID="5151")], {})):
         dummy, result, last_read = look_then_gate(tmp_path, name, units, params)
         assert result["rc"] == 0 and result["stable_since"] == "first answer", (name, result)
