@@ -223,24 +223,31 @@ def test_the_one_probe_of_several_servers_logs_none_of_their_secrets(fleet_sessi
     server's options a mapping in `servers`, which no no_log of the module's spec covers. Their keys and
     secrets (given on their own and in their settings, as the role gives them) reach neither the host's
     journal (the module's "Invoked with" line names `servers`, so a journal the test could not read would
-    not pass) nor the output at -vvv (the invocation's module_args)."""
+    not pass) nor the output at -vvv (the invocation's module_args). The same for the gate's `servers`,
+    those it watches while it holds its window (it fails here: its unit is not installed)."""
     if not fleet_session.hosts["node1"].running():
         fleet_session.boot("node1")
     tag = random_secrets.token_hex(4)
-    key, secret, in_settings = (f"canary-probe-{what}-{tag}" for what in ("key", "secret", "settings"))
+    key, secret, in_settings, watched = (f"canary-probe-{what}-{tag}" for what in ("key", "secret", "settings", "watched"))
     server = {"engine": "vllm", "url": "http://127.0.0.1:9", "served_name": "llama", "poll_interval": 0.1}
     playbook = tmp_path / "probe.yml"
     playbook.write_text(json.dumps([{"hosts": "node1", "gather_facts": False, "tasks": [{
         "name": "Look at three servers that are not there",
         "cleanslate.gpu.inference_ready": dict(server, mode="probe", servers=[
             dict(server, api_key=key, secrets=[secret]),
-            {"settings": dict(server, api_key=in_settings)}])}]}]))
+            {"settings": dict(server, api_key=in_settings)}])}, {
+        "name": "Gate a server that is not there, watching two",
+        "cleanslate.gpu.inference_ready": dict(server, unit="cleanslate-none.service", timeout=1, servers=[
+            dict(server, unit="cleanslate-none-b.service", api_key=watched),
+            {"settings": dict(server, unit="cleanslate-none-c.service", secrets=[watched])}]),
+        "ignore_errors": True}]}]))
     proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(fleet_session.inventory), "-l", "node1", "-vvv"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "servers" in proc.stdout and "connection refused" in proc.stdout, proc.stdout[-4000:]
     journal = fleet_session.run("node1", ["journalctl", "--no-pager", "-o", "json"]).stdout
-    assert "served_name=llama" in journal and "servers=" in journal
-    for canary in (key, secret, in_settings):
+    assert "served_name=llama" in journal and "servers=" in journal and "unit=cleanslate-none.service" in journal
+    assert "unit cleanslate-none.service is not installed" in proc.stdout, proc.stdout[-4000:]
+    for canary in (key, secret, in_settings, watched):
         assert canary not in journal, excerpt(journal, canary)
         assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)
