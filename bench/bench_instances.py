@@ -30,7 +30,7 @@ broken server (it is assessed, spared, rendered and its gate's looks run).
   --versus CHECKOUT   each timed run again with that checkout's playbook (its roles and collection
                       link), the server broken again before it, on the same host in the same round:
                       two trees measured under the same load
-  --layouts L,L       the layouts each round runs (default one,four; last, two and all added)
+  --layouts L,L       the layouts each round runs: one and four (the default), and any of last, two, all
   --load-s S          the broken servers' next start loads S seconds (a model's load; default: the
                       stand-in's 1 s of the fleet tests)
 
