@@ -251,9 +251,28 @@ def inference_service_host_looks(instances):
     return looks
 
 
+def inference_service_early_starts(written, pending):
+    """What the write pass (instance_write.yml) did for each reset instance, by unit, for its gate:
+    {unit: {files: its answer in the task's `instances`, look: its probe}}. Only an instance whose files
+    were written and whose unit's state was read (its answer's unit has a load_state) is kept: one the task
+    refused, or every one when the task failed as a whole or its host did not answer, is left to its serve
+    step, which writes and starts it itself."""
+    if not isinstance(pending, list) or not all(isinstance(item, Mapping) and "unit" in item for item in pending):
+        raise TypeError("inference_service_early_starts expects the kept instances, a list of mappings that name their unit")
+    answers = written.get("instances") if isinstance(written, Mapping) else None
+    answers = answers if isinstance(answers, list) else []
+    kept = {}
+    for item, answer in zip(pending, answers):
+        unit = answer.get("unit") if isinstance(answer, Mapping) else None
+        if isinstance(unit, Mapping) and "load_state" in unit and not answer.get("failed"):
+            kept[item["unit"]] = {"files": dict(answer), "look": item.get("look", {})}
+    return kept
+
+
 class FilterModule:
     """Several servers on one host."""
 
     def filters(self):
         return {"inference_service_instances": inference_service_instances,
-                "inference_service_host_looks": inference_service_host_looks}
+                "inference_service_host_looks": inference_service_host_looks,
+                "inference_service_early_starts": inference_service_early_starts}

@@ -41,7 +41,8 @@ description:
     the state to choose between start, restart and leaving the server running.
   - With O(unit.start) as well, the same contact then starts the unit when it is stopped (C(inactive) or C(failed)),
     after C(systemctl daemon-reload) when its file changed, so that the start of a server after a reset costs no
-    task and no host contact of its own. It starts only a loaded unit whose C(UnitFileState) already is what O(unit.enabled)
+    task and no host contact of its own. The servers of O(instances) are started in the same contact, after every
+    server's files. It starts only a loaded unit whose C(UnitFileState) already is what O(unit.enabled)
     asks (V(enabled), or V(disabled)); any other unit (not loaded, masked, static, about to be enabled or disabled,
     running, stopping) is left as it is and RV(unit.start_left) says why, for the caller's
     M(ansible.builtin.systemd_service). A running unit is never restarted here.
@@ -56,12 +57,14 @@ attributes:
   diff_mode:
     support: partial
     details:
-      - The unit file's text before and after. The secret files and the programs are never shown.
+      - The unit file's text before and after, each server's with O(instances). The secret files and the programs are
+        never shown.
 options:
-  unit:
-    description: The systemd unit file.
+  unit: &unit_option
+    description:
+      - The systemd unit file. Required for each server of O(instances); the task's own server is optional when
+        O(instances) is given.
     type: dict
-    required: true
     suboptions:
       path:
         description: The unit file's absolute path, normally C(/etc/systemd/system/<unit>).
@@ -111,7 +114,7 @@ options:
             already is so, and never enables or disables one.
         type: bool
         default: true
-  secret_files:
+  secret_files: &secret_files_option
     description: The files that hold secrets, each written or removed.
     type: list
     elements: dict
@@ -140,7 +143,7 @@ options:
       group:
         description: The file's group, a group name or number; unset, a new file gets the writer's and an existing one keeps its own.
         type: str
-  programs:
+  programs: &programs_option
     description: Files that root runs for the unit, under one directory.
     type: dict
     suboptions:
@@ -153,6 +156,25 @@ options:
           - Each file's path under O(programs.dir) (relative, without C(.) or C(..)), mapped to its whole text.
         type: dict
         required: true
+  instances:
+    description:
+      - More servers of the same host whose files to write in the same host contact (the servers of one node that a
+        run reset, C(inference_service_instances)), each a mapping of O(unit), O(secret_files) and O(programs), planned,
+        written and started as the task's own.
+      - Every server is planned before any file is written. The task's own refusal fails the task and writes nothing;
+        an instance's is its answer in RV(instances) (C(failed) and C(msg)), and the others are written.
+      - No two servers write the same unit or secret file. A program of the same path must have the same text in each,
+        and is written once (reported by the first server that names it).
+      - With O(unit.start), C(systemctl daemon-reload) runs once, after every server's files, when any started server's
+        unit file changed.
+    type: list
+    elements: dict
+    default: []
+    version_added: 0.3.0
+    suboptions:
+      unit: *unit_option
+      secret_files: *secret_files_option
+      programs: *programs_option
 notes:
   - A file larger than 1 MiB is never read whole; it differs from the text given, and its diff says only its size.
 seealso:
@@ -182,12 +204,35 @@ EXAMPLES = r"""
   ansible.builtin.systemd_service:
     daemon_reload: true
   when: written.unit.changed
+
+- name: Write two servers' files and start their stopped units, in one host contact
+  cleanslate.gpu.inference_files:
+    instances:
+      - unit:
+          path: /etc/systemd/system/vllm-a.service
+          content: "{{ lookup('ansible.builtin.template', 'vllm-a.service.j2') }}"
+          marker: "# Managed by Ansible (cleanslate.gpu.inference_service); local changes are overwritten."
+          prepare_start: true
+          start: true
+        secret_files:
+          - path: /etc/cleanslate/inference/vllm-a.env
+            content: "{{ lookup('ansible.builtin.template', 'vllm-a.env.j2') }}"
+      - unit:
+          path: /etc/systemd/system/vllm-b.service
+          content: "{{ lookup('ansible.builtin.template', 'vllm-b.service.j2') }}"
+          marker: "# Managed by Ansible (cleanslate.gpu.inference_service); local changes are overwritten."
+          prepare_start: true
+          start: true
+        secret_files:
+          - path: /etc/cleanslate/inference/vllm-b.env
+            content: "{{ lookup('ansible.builtin.template', 'vllm-b.env.j2') }}"
+  register: both
 """
 
 RETURN = r"""
 unit:
   description: What was done to the unit file (or would be, in check mode).
-  returned: always
+  returned: when O(unit) is given
   type: dict
   contains:
     path:
@@ -239,9 +284,18 @@ unit:
       type: str
       returned: with O(unit.start)
       sample: "its unit file is disabled, not enabled"
+instances:
+  description:
+    - What was done for each server of O(instances), in their order, as for the task's own (RV(unit), RV(secret_files),
+      RV(programs)) with its own C(changed); or C(failed) and C(msg) for one that was refused, its files left as they
+      were (or, for a write that failed, as far as it got).
+  returned: always
+  type: list
+  elements: dict
+  sample: []
 secret_files:
   description: What was done to each secret file, in the order given; never their texts.
-  returned: always
+  returned: when O(unit) is given
   type: list
   elements: dict
   contains:
@@ -261,7 +315,7 @@ secret_files:
       sample: false
 programs:
   description: What was done to each program file and to each directory made for them, in path order.
-  returned: always
+  returned: when O(unit) is given
   type: list
   elements: dict
   contains:
@@ -495,6 +549,23 @@ def _make_dirs(make):
             raise Refused("programs: %s: root would run code from a directory another user could change" % why)
 
 
+# One server's options: the task's own, and each of `instances`.
+_FILE_OPTIONS = dict(path=dict(type="path", required=True), mode=dict(type="str"),
+                     owner=dict(type="str", default="root"), group=dict(type="str"))
+SERVER_OPTIONS = dict(
+    unit=dict(type="dict", options=dict(
+        _FILE_OPTIONS, content=dict(type="str", required=True), marker=dict(type="str", required=True),
+        adopt=dict(type="bool", default=False), mode=dict(type="str", default="0644"),
+        group=dict(type="str", default="root"), prepare_start=dict(type="bool", default=False),
+        start=dict(type="bool", default=False), enabled=dict(type="bool", default=True))),
+    secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
+        _FILE_OPTIONS, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
+        state=dict(type="str", choices=["present", "absent"], default="present"))),
+    programs=dict(type="dict", options=dict(dir=dict(type="path", required=True),
+                                            files=dict(type="dict", required=True))),
+)
+
+
 class _Module(AnsibleModule):
     """AnsibleModule whose "Invoked with" line in the host's journal holds no file's text.
 
@@ -506,10 +577,14 @@ class _Module(AnsibleModule):
     """
 
     def _log_invocation(self):
-        unit = {key: value for key, value in self.params["unit"].items() if key != "content"}
-        files = [{key: value for key, value in spec.items() if key != "content"} for spec in self.params["secret_files"]]
-        programs = self.params["programs"] and dict(dir=self.params["programs"]["dir"], files=sorted(self.params["programs"]["files"]))
-        self.log("Invoked with unit=%s secret_files=%s programs=%s (the texts not logged)" % (unit, files, programs))
+        def textless(params):
+            unit = {key: value for key, value in (params["unit"] or {}).items() if key != "content"}
+            files = [{key: value for key, value in spec.items() if key != "content"} for spec in params["secret_files"]]
+            programs = params["programs"] and dict(dir=params["programs"]["dir"], files=sorted(params["programs"]["files"]))
+            return "unit=%s secret_files=%s programs=%s" % (unit, files, programs)
+        own = textless(self.params) + " " if self.params["unit"] is not None else ""
+        self.log("Invoked with %sinstances=[%s] (the texts not logged)" % (
+            own, "; ".join(textless(params) for params in self.params["instances"])))
 
 
 def _apply(module, plan):
@@ -524,75 +599,140 @@ def _apply(module, plan):
     write_atomically(directory, name, plan["content"], plan["mode"], plan["uid"], plan["gid"])
 
 
+def plan_server(params, check_mode, planned):
+    """What to do for one server: {unit, secrets, make, programs}. `planned` holds what the servers before
+    it in this task write ({path: a program's text, or None}): a server shares a program of theirs when its
+    text is the same (written once, reported by the first), never any other file."""
+    if params["unit"] is None:
+        raise Refused("unit is required")
+    unit = plan_unit(params["unit"], check_mode)
+    secrets = [plan_secret(spec, index, check_mode) for index, spec in enumerate(params["secret_files"])]
+    make, programs = plan_programs(params["programs"], check_mode)
+    paths = [unit["path"]] + [plan["path"] for plan in secrets + programs]
+    if len(set(paths)) != len(paths):
+        raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(
+            {path for path in paths if paths.count(path) > 1})))
+    taken = [plan for plan in [unit] + secrets if plan["path"] in planned]
+    taken += [plan for plan in programs if plan["path"] in planned and planned[plan["path"]] != plan["content"]]
+    if taken:
+        raise Refused("%s is written for another server of this task too" % taken[0]["path"])
+    return dict(unit=unit, secrets=secrets, make=[path for path in make if path not in planned],
+                programs=[plan for plan in programs if plan["path"] not in planned])
+
+
+def _planned(server) -> dict:
+    """{path: a program's text, or None for any other file or directory} of what a server's plan writes."""
+    written = {plan["path"]: None for plan in [server["unit"]] + server["secrets"]}
+    written.update((path, None) for path in server["make"])
+    written.update((plan["path"], plan["content"]) for plan in server["programs"])
+    return written
+
+
+def write_server(module, server):
+    """Write one server's files: the programs and secrets first, so that a unit that names its
+    EnvironmentFile or ExecStartPre program finds it written."""
+    try:
+        _make_dirs(server["make"])
+    except OSError as exc:
+        raise Refused("cannot make %s: %s" % (exc.filename, exc.strerror or exc)) from None
+    for plan in server["programs"] + server["secrets"] + [server["unit"]]:
+        try:
+            _apply(module, plan)
+        except OSError as exc:
+            raise Refused("cannot write %s: %s" % (plan["path"], exc.strerror or exc)) from None
+
+
+def _public_server(server) -> dict:
+    """What may be returned of one server: its files' paths and actions (never a secret's text), the unit's
+    state when it was read, `failed` and `msg` when it was refused."""
+    if "refused" in server:
+        return dict(failed=True, msg=server["refused"])
+    public = dict(unit=dict(_public(server["unit"]), **server.get("state", {})),
+                  secret_files=[_public(plan) for plan in server["secrets"]],
+                  programs=[dict(path=path, action="made", changed=True) for path in server["make"]]
+                  + [_public(plan) for plan in server["programs"]])
+    state = server.get("state", {})
+    public["changed"] = any(item["changed"] for item in [public["unit"]] + public["secret_files"] + public["programs"]) \
+        or state.get("cleared", False) or state.get("started", False)
+    return public
+
+
+def _diff(plan) -> dict:
+    return dict(before=plan["before"], after=plan["content"].decode("utf-8"),
+                before_header=plan["path"], after_header=plan["path"])
+
+
 def main():
-    file_options = dict(path=dict(type="path", required=True), mode=dict(type="str"),
-                        owner=dict(type="str", default="root"), group=dict(type="str"))
     module = _Module(
-        argument_spec=dict(
-            unit=dict(type="dict", required=True, options=dict(
-                file_options, content=dict(type="str", required=True), marker=dict(type="str", required=True),
-                adopt=dict(type="bool", default=False), mode=dict(type="str", default="0644"),
-                group=dict(type="str", default="root"), prepare_start=dict(type="bool", default=False),
-                start=dict(type="bool", default=False), enabled=dict(type="bool", default=True))),
-            secret_files=dict(type="list", elements="dict", default=[], no_log=False, options=dict(
-                file_options, content=dict(type="str", no_log=True), mode=dict(type="str", default="0600"),
-                state=dict(type="str", choices=["present", "absent"], default="present"))),
-            programs=dict(type="dict", options=dict(dir=dict(type="path", required=True),
-                                                    files=dict(type="dict", required=True))),
-        ),
+        argument_spec=dict(SERVER_OPTIONS, instances=dict(type="list", elements="dict", default=[],
+                                                           options=SERVER_OPTIONS)),
         supports_check_mode=True,
     )
-    try:
-        unit = plan_unit(module.params["unit"], module.check_mode)
-        secrets = [plan_secret(spec, index, module.check_mode) for index, spec in enumerate(module.params["secret_files"])]
-        make, programs = plan_programs(module.params["programs"], module.check_mode)
-        # Looked up before anything is written: a host without systemd gets its files only where it can start them.
-        systemctl = _systemctl_path(module) if module.params["unit"]["prepare_start"] else None
-        paths = [unit["path"]] + [plan["path"] for plan in secrets + programs]
-        if len(set(paths)) != len(paths):
-            raise Refused("unit and secret_files name the same path twice: %s" % ", ".join(sorted(
-                {path for path in paths if paths.count(path) > 1})))
-    except Refused as exc:
-        module.fail_json(msg=str(exc))
-    except OSError as exc:
-        module.fail_json(msg="cannot read %s: %s" % (exc.filename, exc.strerror or exc))
-    changed = [plan for plan in [unit] + secrets + programs if plan["action"] not in ("unchanged", "absent")] + make
+    if module.params["unit"] is None and not module.params["instances"]:
+        module.fail_json(msg="unit, or at least one server in instances, is required: there is nothing to write")
+    # The task's own server (when O(unit) is given), then each of `instances`, every one planned before any file is
+    # written. The task's own refusal fails the task and writes nothing; an instance's is that instance's answer alone.
+    own = module.params["unit"] is not None
+    servers, planned = [], {}
+    for index, params in enumerate(([module.params] if own else []) + module.params["instances"]):
+        name = "instances[%d]: " % (index - own) if index >= own else ""
+        try:
+            server = plan_server(params, module.check_mode, planned)
+            # Looked up before anything is written: a host without systemd gets its files only where it can start them.
+            server["systemctl"] = _systemctl_path(module) if params["unit"]["prepare_start"] else None
+        except (Refused, OSError) as exc:
+            msg = str(exc) if isinstance(exc, Refused) else "cannot read %s: %s" % (exc.filename, exc.strerror or exc)
+            if not name:
+                module.fail_json(msg=msg)
+            servers.append(dict(refused=name + msg))
+            continue
+        server.update(params=params, name=name)
+        planned.update(_planned(server))
+        servers.append(server)
+    todo = [server for server in servers if "refused" not in server]
 
-    def public():
-        return dict(unit=_public(unit), secret_files=[_public(plan) for plan in secrets],
-                    programs=[dict(path=path, action="made", changed=True) for path in make] + [_public(plan) for plan in programs])
+    def finish(fail=None):
+        answers = [_public_server(server) for server in servers]
+        result = dict(answers[0] if own else {}, instances=answers[own:])
+        result["changed"] = any(answer.get("changed") for answer in answers)
+        if module._diff and todo:
+            diffs = [_diff(server["unit"]) for server in todo]
+            result["diff"] = diffs[0] if len(servers) == 1 else diffs
+        if fail is not None:
+            module.fail_json(msg=fail, **result)
+        module.exit_json(**result)
+
+    def refuse(server, exc):
+        """The task's own failure fails the task; an instance's is its answer."""
+        if not server["name"]:
+            finish(fail=str(exc))
+        server["refused"] = server["name"] + str(exc)
 
     if not module.check_mode:
-        # The programs and secrets first: a unit that names its EnvironmentFile or ExecStartPre program finds it written.
-        try:
-            _make_dirs(make)
-        except Refused as exc:
-            module.fail_json(msg=str(exc), **public())
-        except OSError as exc:
-            module.fail_json(msg="cannot make %s: %s" % (exc.filename, exc.strerror or exc), **public())
-        for plan in programs + secrets + [unit]:
+        for server in todo:
             try:
-                _apply(module, plan)
-            except OSError as exc:
-                module.fail_json(msg="cannot write %s: %s" % (plan["path"], exc.strerror or exc), **public())
-    result = dict(public(), changed=bool(changed))
-    if systemctl is not None:
-        name, start = os.path.basename(unit["path"]), module.params["unit"]["start"]
+                write_server(module, server)
+            except Refused as exc:
+                refuse(server, exc)
+    started = [server for server in todo if "refused" not in server and server["systemctl"]]
+    if not module.check_mode and any(server["params"]["unit"]["start"] and server["unit"]["action"] != "unchanged"
+                                     for server in started):
+        # systemd reads the new files before it is asked anything about the units: once for the task.
         try:
-            if start and not module.check_mode and unit["action"] != "unchanged":
-                # systemd reads the new file before it is asked anything about the unit.
-                _systemctl_checked(module, systemctl, "daemon-reload", "daemon-reload")
-            state = prepare_start(module, systemctl, name)
-            if start:
-                state.update(start_stopped(module, systemctl, name, state, module.params["unit"]["enabled"]))
+            _systemctl_checked(module, started[0]["systemctl"], "daemon-reload", "daemon-reload")
         except Refused as exc:
-            module.fail_json(msg=str(exc), **result)
-        result["unit"].update(state)
-        result["changed"] = result["changed"] or state["cleared"] or state.get("started", False)
-    if module._diff:
-        result["diff"] = dict(before=unit["before"], after=unit["content"].decode("utf-8"),
-                              before_header=unit["path"], after_header=unit["path"])
-    module.exit_json(**result)
+            finish(fail=str(exc))
+    for server in started:
+        name, unit = os.path.basename(server["unit"]["path"]), server["params"]["unit"]
+        try:
+            state = prepare_start(module, server["systemctl"], name)
+            if unit["start"]:
+                state.update(start_stopped(module, server["systemctl"], name, state, unit["enabled"]))
+        except Refused as exc:
+            refuse(server, exc)
+            continue
+        server["state"] = state
+    finish()
 
 
 def _systemctl(module, systemctl, *args):

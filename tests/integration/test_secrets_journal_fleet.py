@@ -251,3 +251,33 @@ def test_the_one_probe_of_several_servers_logs_none_of_their_secrets(fleet_sessi
     for canary in (key, secret, in_settings, watched):
         assert canary not in journal, excerpt(journal, canary)
         assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)
+
+
+def test_the_one_write_of_several_servers_files_logs_none_of_their_secrets(fleet_session, tmp_path):
+    """Issue 42: the files of the servers a run reset are written by one inference_files task, each server's
+    secret files in `instances`. Their texts reach neither the host's journal (the module's "Invoked with" line
+    names each server's files, so a journal the test could not read would not pass) nor the output at -vvv,
+    and they are in the files written."""
+    if not fleet_session.hosts["node1"].running():
+        fleet_session.boot("node1")
+    tag = random_secrets.token_hex(4)
+    where = "/var/tmp/cleanslate-write-" + tag
+    fleet_session.run("node1", ["mkdir", "-p", where + "/system", where + "/inference"])
+    canaries = {name: f"canary-write-{name}-{tag}" for name in ("a", "b")}
+    marker = "# Managed by Ansible (cleanslate.gpu.inference_service); local changes are overwritten."
+    servers = [{"unit": {"path": f"{where}/system/vllm-{name}.service", "marker": marker,
+                         "content": marker + "\n[Service]\nExecStart=/bin/true\n"},
+                "secret_files": [{"path": f"{where}/inference/vllm-{name}.env", "content": f'VLLM_API_KEY="{canary}"\n'}]}
+               for name, canary in canaries.items()]
+    playbook = tmp_path / "write.yml"
+    playbook.write_text(json.dumps([{"hosts": "node1", "gather_facts": False, "tasks": [{
+        "name": "Write two servers' files", "cleanslate.gpu.inference_files": {"instances": servers}}]}]))
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-i", str(fleet_session.inventory), "-l", "node1", "-vvv"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    journal = fleet_session.run("node1", ["journalctl", "--no-pager", "-o", "json"]).stdout
+    assert f"{where}/inference/vllm-b.env" in journal and "instances=[" in journal, journal[-2000:]
+    for name, canary in canaries.items():
+        assert canary in fleet_session.run("node1", ["cat", f"{where}/inference/vllm-{name}.env"]).stdout
+        assert canary not in journal, excerpt(journal, canary)
+        assert canary not in proc.stdout + proc.stderr, excerpt(proc.stdout + proc.stderr, canary)

@@ -12,6 +12,7 @@ import yaml
 
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service import spec
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_instances import (
+    inference_service_early_starts,
     inference_service_instances, instance_keys)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,3 +232,34 @@ def test_the_generator_names_a_stale_loop_and_rewrites_only_its_block(tmp_path, 
     assert gen_instance_tasks.main(["--check", "--root", str(root)]) == 1
     assert gen_instance_tasks.main(["--root", str(root)]) == 0
     assert copy.read_text() == current.replace("# Several servers on one host", "# A hand-written line kept\n# Several servers on one host")
+
+
+def test_the_write_pass_keeps_only_the_instances_whose_files_were_written_and_unit_read():
+    """A refused instance, or one whose unit was not read, is left to its own serve step (which writes and
+    starts it): keeping it would skip its write and gate a unit nobody started."""
+    pending = [{"unit": "vllm-%s.service" % name, "look": {"url": "http://h:%d" % index}} for index, name in enumerate("abcd")]
+    written = {"changed": True, "instances": [
+        {"unit": {"path": "/etc/systemd/system/vllm-a.service", "load_state": "loaded", "started": True}, "changed": True},
+        {"failed": True, "msg": "instances[1]: ... is written for another server of this task too"},
+        {"unit": {"path": "/etc/systemd/system/vllm-c.service", "action": "unchanged"}, "changed": False},
+        {"unit": {"path": "/etc/systemd/system/vllm-d.service", "load_state": "loaded", "started": False,
+                  "start_left": "its unit file is disabled, not enabled"}, "changed": False}]}
+    kept = inference_service_early_starts(written, pending)
+    assert sorted(kept) == ["vllm-a.service", "vllm-d.service"], kept
+    assert kept["vllm-a.service"] == {"files": written["instances"][0], "look": {"url": "http://h:0"}}
+    assert kept["vllm-d.service"]["files"]["unit"]["start_left"] == "its unit file is disabled, not enabled"
+
+
+@pytest.mark.parametrize("written", [
+    {"failed": True, "msg": "systemctl daemon-reload: Failed to connect to bus"},
+    {"unreachable": True, "msg": "Failed to connect to the host via ssh"},
+    {"changed": False, "skipped": True},
+    None,
+])
+def test_a_write_that_failed_as_a_whole_keeps_no_instance(written):
+    assert inference_service_early_starts(written, [{"unit": "vllm-a.service", "look": {}}]) == {}
+
+
+def test_the_write_pass_filter_refuses_instances_without_their_unit():
+    with pytest.raises(TypeError, match="a list of mappings that name their unit"):
+        inference_service_early_starts({"instances": []}, [{"look": {}}])
