@@ -28,10 +28,11 @@ completion", before the stability window existed). The end of the run is shown w
 Grace period 3 s for both. JSON: build/bench/inference_service.json (every round's figures and
 phases, their medians, the uptime load beside each round, the trees measured and the load).
 
-    .venv/bin/python bench/bench_inference_service.py [--repeat 3] [--stable-s 0] [--versus CHECKOUT]
+    .venv/bin/python bench/bench_inference_service.py [--repeat 3] [--stable-s 0] [--load-s N] [--versus CHECKOUT]
 
 --stable-s 0 times the runs without the stability window (JSON: inference_service-stable-0.json), a
-figure reported apart from the default's.
+figure reported apart from the default's. --load-s N has the restarted server load N seconds before it
+listens, in the run and the ritual alike (a real model's load; JSON: inference_service-load-N.json).
 """
 from __future__ import annotations
 
@@ -185,14 +186,22 @@ def main():
                         help="inference_service_stable_s for the timed runs (default: the role's, 5 s)")
     parser.add_argument("--versus", metavar="CHECKOUT", action="append", default=[],
                         help="also run another checkout's reset_and_serve.yml in each round, on the same host")
+    # A real model loads for seconds to minutes after its start, in both ways of serving again.
+    parser.add_argument("--load-s", type=float, default=0.0,
+                        help="seconds the restarted server loads before it listens, in the run and the ritual "
+                             "(default: 0, the stand-in's start alone)")
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if not 0 <= args.load_s <= 600:
+        parser.error("--load-s must be 0 to 600 seconds")
     checkouts = provenance.versus_checkouts(parser, args.versus)
     measured_on = provenance.begin("inference_service", versus=checkouts)
     # The other trees' figures go by their tree and folder, e.g. "7f8f175 (base)".
     labels = ["%s (%s)" % (tree["label"], Path(tree["path"]).name) for tree in measured_on["versus"]]
     role_vars = dict(ROLE_VARS) if args.stable_s is None else dict(ROLE_VARS, inference_service_stable_s=args.stable_s)
+    role_vars["inference_service_environment"] = dict(role_vars["inference_service_environment"],
+                                                      STANDIN_LOAD_S="%g" % args.load_s)
     out = REPO / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     lib = build_library(REPO / "build" / "fake_nvml")
@@ -230,7 +239,7 @@ def main():
             fleet.down()
     med = {key: statistics.median(values) for key, values in times.items()}
     phases = {name: statistics.median(one["phases"].get(name, 0.0) for one in rounds) for name in rounds[0]["phases"]}
-    report = {"times_s": times, "median_s": med, "stable_s": args.stable_s, "fleet_boot": boot,
+    report = {"times_s": times, "median_s": med, "stable_s": args.stable_s, "load_s": args.load_s, "fleet_boot": boot,
               "grace_period_s": GRACE, "poll_interval_s": POLL, "measured_on": provenance.end(measured_on),
               "phases_median_s": phases, "rounds": rounds,
               # The ritual ends at its first answer; so does the target's measure (issue 26's 1.5x, set
@@ -249,7 +258,8 @@ def main():
                    "target": "<= %.1f s (every round)" % POLL, "met": max(times["latency"]) <= POLL},
               ]}
     report["summary"] += versus_rows(med, labels)
-    name = "inference_service.json" if args.stable_s is None else "inference_service-stable-%g.json" % args.stable_s
+    name = "inference_service%s%s.json" % ("" if args.stable_s is None else "-stable-%g" % args.stable_s,
+                                           "-load-%g" % args.load_s if args.load_s else "")
     (out / name).write_text(json.dumps(report, indent=2))
     for key, value in med.items():
         print(f"{key:12s} {value:7.2f} s  (all: {', '.join('%.2f' % v for v in times[key])})")
