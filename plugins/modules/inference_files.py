@@ -664,8 +664,7 @@ def _diff(plan) -> dict:
 
 def main():
     module = _Module(
-        argument_spec=dict(SERVER_OPTIONS, instances=dict(type="list", elements="dict", default=[],
-                                                           options=SERVER_OPTIONS)),
+        argument_spec=dict(SERVER_OPTIONS, instances=dict(type="list", elements="dict", default=[], options=SERVER_OPTIONS)),
         supports_check_mode=True,
     )
     if module.params["unit"] is None and not module.params["instances"]:
