@@ -122,6 +122,26 @@ def test_serve_alone_checks_each_instance_first(tmp_path):
     assert "--port 8002" in served["vllm-b.service"]["command_line"], served
 
 
+def test_an_instance_validate_refused_is_not_served_after_a_neighbour_it_let_through(tmp_path):
+    """Whether validate let a server's settings through is said once per server (checked.yml, issue 42): a
+    server refused after a neighbour that passed is checked again by serve, refused in its own words and
+    left unserved, and the neighbour is served. Kept from the neighbour, the answer would serve it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    instances = [INSTANCES[0], dict(INSTANCES[1], extra_args=["--no-such-flag"])]
+    proc = _play(tmp_path, "refused", [_include("validate"), _include("serve"),
+                                       _keep(out, "serve", "inference_service_result")],
+                 instances=instances, inference_service_fail_host=False)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    served = _by_unit(json.loads((out / "serve.json").read_text())["instances"])
+    assert served["vllm-a.service"]["status"] == "check" and "--port 8001" in served["vllm-a.service"]["command_line"]
+    refused = served["vllm-b.service"]
+    assert refused["stage"] == "validate" and not refused["ok"], refused
+    assert "--no-such-flag is not an option of vllm 0.33.0" in refused["reason"], refused
+    # serve looked at the host once more for the refused server alone, and built no command line for it.
+    assert _looks(proc) == 1 and "--port 8002" not in refused.get("command_line", ""), proc.stdout[-4000:]
+
+
 def test_rotation_out_takes_each_instance_out_under_its_own_name_and_a_balancer_not_told_fails_the_host(tmp_path):
     """The entry point rotation_out in a user's play (issue 40): each instance is its own server on
     the balancer; a balancer that cannot be told fails the host, before the play stops anything."""
