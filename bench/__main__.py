@@ -35,6 +35,7 @@ QUICK = {
     "node_reset": ["--repeat", "1"],
     "nvml_verify": ["--trials", "1"],
     "pycache_purge": ["--rounds", "1"],
+    "rotation": ["--repeat", "1"],
     "shm_clean": ["--repeat", "1"],
 }
 

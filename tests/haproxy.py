@@ -3,7 +3,8 @@ backend `vllm`, the runtime API on a unix socket at level admin; read back throu
 (`show stat`), HAProxy's own account and not the module's reader. With `checks`, the servers are
 health-checked on /health and a refused connection is tried again on another server (retries,
 redispatch), as a production balancer hides a dead server by itself; with `slow_server`, requests
-for /slow all go to that server (so that draining it has a session to wait for)."""
+for /slow all go to that server (so that draining it has a session to wait for). Upstream is a
+local server to put behind it whose /slow requests stay open until it lets them answer."""
 from __future__ import annotations
 
 import csv
@@ -12,8 +13,10 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -110,3 +113,40 @@ class HAProxy:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+SLOW_BODY = "slow answer " * 1000
+
+
+class Upstream:
+    """A local HTTP server that answers its own name; /slow waits until release() (one open session)."""
+
+    def __init__(self, name: str):
+        self.entered, self.released = threading.Event(), threading.Event()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802  # http.server's naming
+                if self.path.startswith("/slow"):
+                    upstream.entered.set()
+                    upstream.released.wait(120)
+                body = (SLOW_BODY if self.path.startswith("/slow") else name).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def release(self):
+        self.released.set()
+
+    def stop(self):
+        self.release()
+        self.server.shutdown()
+        self.server.server_close()

@@ -22,15 +22,24 @@ def inference_service_rotation_servers(instances, host, units=None):
     return _rotation.servers(instances, str(host), units=None if units is None else list(units))
 
 
-def inference_service_rotation_step(call, step):
-    """What one lb_rotation call of the rotation tasks' loop did, to keep under its unit:
-    {server, host, <step>: {changed, state_before, state_after, sessions_at_maint, drained_s}}."""
+def inference_service_rotation_by_balancer(servers):
+    """[{rotation, servers: [{unit, server}]}]: the servers grouped by balancer, one transition call each."""
+    if not isinstance(servers, list) or not all(isinstance(one, Mapping) for one in servers):
+        raise TypeError("inference_service_rotation_by_balancer expects the list of inference_service_rotation_servers")
+    return _rotation.by_balancer(servers)
+
+
+def inference_service_rotation_steps(call, step):
+    """What one lb_rotation call of the rotation tasks' loop did to each of its servers, to keep under each unit:
+    {unit: {server, host, <step>: {changed, state_before, state_after, sessions_at_maint, drained_s}}}."""
     if not isinstance(call, Mapping):
-        raise TypeError("inference_service_rotation_step expects a registered loop item, got %s" % type(call).__name__)
+        raise TypeError("inference_service_rotation_steps expects a registered loop item, got %s" % type(call).__name__)
     item = call.get("item") if isinstance(call.get("item"), Mapping) else {}
     rotation = item.get("rotation") if isinstance(item.get("rotation"), Mapping) else {}
-    return {"server": item.get("server"), "host": rotation.get("host"),
-            str(step): {key: call.get(key) for key in STEP_KEYS}}
+    said = {one.get("server"): one for one in call.get("servers") or [] if isinstance(one, Mapping)}
+    return {server.get("unit"): {"server": server.get("server"), "host": rotation.get("host"),
+                                 str(step): {key: said.get(server.get("server"), {}).get(key) for key in STEP_KEYS}}
+            for server in item.get("servers") or [] if isinstance(server, Mapping)}
 
 
 class FilterModule:
@@ -38,4 +47,5 @@ class FilterModule:
 
     def filters(self):
         return {"inference_service_rotation_servers": inference_service_rotation_servers,
-                "inference_service_rotation_step": inference_service_rotation_step}
+                "inference_service_rotation_by_balancer": inference_service_rotation_by_balancer,
+                "inference_service_rotation_steps": inference_service_rotation_steps}

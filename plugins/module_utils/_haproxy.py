@@ -89,24 +89,32 @@ def _ask(path, command, backend, server, timeout):
     return answer
 
 
-def admin_state(path, backend, server, timeout):
-    """The server's srv_admin_state bits, from `show servers state <backend>`."""
-    answer = _ask(path, "show servers state %s" % backend, backend, server, timeout)
+def _first_missing(found, backend, servers):
+    """HAProxy's refusal for the first server of `servers` that its answer has no row of."""
+    for server in servers:
+        if server not in found:
+            raise HaproxyError("HAProxy's backend %s has no server %s" % (backend, server))
+
+
+def admin_states(path, backend, servers, timeout):
+    """{server: srv_admin_state bits} of each of `servers`, from one `show servers state <backend>`."""
+    servers = list(servers)
+    answer = _ask(path, "show servers state %s" % backend, backend, servers[0], timeout)
     lines = answer.splitlines()
     header = next((line[1:].split() for line in lines if line.startswith("#")), [])
     if "be_name" not in header or "srv_name" not in header or "srv_admin_state" not in header:
         raise HaproxyError("HAProxy answered `show servers state %s` with something unexpected: %s" % (backend, _shown(answer)))
     at = {name: header.index(name) for name in ("be_name", "srv_name", "srv_admin_state")}
+    found = {}
     for line in lines:
         fields = line.split()
-        if len(fields) == len(header) and fields[at["be_name"]] == backend and fields[at["srv_name"]] == server:
-            try:
-                return int(fields[at["srv_admin_state"]])
-            except ValueError:
-                break
-    else:
-        raise HaproxyError("HAProxy's backend %s has no server %s" % (backend, server))
-    raise HaproxyError("HAProxy answered `show servers state %s` with something unexpected: %s" % (backend, _shown(answer)))
+        if len(fields) == len(header) and fields[at["be_name"]] == backend and fields[at["srv_name"]] in servers:
+            if not fields[at["srv_admin_state"]].isdigit():
+                raise HaproxyError("HAProxy answered `show servers state %s` with something unexpected: %s"
+                                   % (backend, _shown(answer)))
+            found[fields[at["srv_name"]]] = int(fields[at["srv_admin_state"]])
+    _first_missing(found, backend, servers)
+    return found
 
 
 def state_name(bits) -> str:
@@ -114,21 +122,25 @@ def state_name(bits) -> str:
     return "maint" if bits & ANY_MAINT else "drain" if bits & ANY_DRAIN else "ready"
 
 
-def sessions(path, backend, server, timeout):
-    """The server's current sessions (scur of `show stat <backend> 4 -1`, the servers' rows)."""
-    answer = _ask(path, "show stat %s 4 -1" % backend, backend, server, timeout)
+def sessions(path, backend, servers, timeout):
+    """{server: current sessions} of each of `servers` (scur of one `show stat <backend> 4 -1`, the servers' rows)."""
+    servers = list(servers)
+    answer = _ask(path, "show stat %s 4 -1" % backend, backend, servers[0], timeout)
     lines = answer.splitlines()
     header = lines[0].lstrip("# ").split(",") if lines and lines[0].startswith("#") else []
     if not {"pxname", "svname", "scur"} <= set(header):
         raise HaproxyError("HAProxy answered `show stat %s 4 -1` with something unexpected: %s" % (backend, _shown(answer)))
     at = {name: header.index(name) for name in ("pxname", "svname", "scur")}
+    found = {}
     for line in lines[1:]:
         fields = line.split(",")
-        if len(fields) > at["scur"] and fields[at["pxname"]] == backend and fields[at["svname"]] == server:
-            if fields[at["scur"]].isdigit():
-                return int(fields[at["scur"]])
-            raise HaproxyError("HAProxy's stats give server %s/%s no session count: %s" % (backend, server, _shown(line)))
-    raise HaproxyError("HAProxy's backend %s has no server %s" % (backend, server))
+        if len(fields) > at["scur"] and fields[at["pxname"]] == backend and fields[at["svname"]] in servers:
+            if not fields[at["scur"]].isdigit():
+                raise HaproxyError("HAProxy's stats give server %s/%s no session count: %s"
+                                   % (backend, fields[at["svname"]], _shown(line)))
+            found[fields[at["svname"]]] = int(fields[at["scur"]])
+    _first_missing(found, backend, servers)
+    return found
 
 
 def set_state(path, backend, server, state, timeout):

@@ -97,3 +97,17 @@ def servers(instances, host: str, units=None) -> list:
             for instance in instances or []
             if isinstance(instance, Mapping) and configured(instance.get("rotation"))
             and (units is None or instance.get("unit") in units)]
+
+
+def by_balancer(servers) -> list:
+    """The servers of `servers` ({unit, server, rotation}) grouped by their whole balancer setting, in the order
+    each first appears: [{rotation, servers: [{unit, server}]}], one cleanslate.gpu.lb_rotation call each (one read
+    of the balancer's state, the drains side by side)."""
+    groups = []
+    for one in servers or []:
+        group = next((group for group in groups if group["rotation"] == one["rotation"]), None)
+        if group is None:
+            group = {"rotation": one["rotation"], "servers": []}
+            groups.append(group)
+        group["servers"].append({"unit": one["unit"], "server": one["server"]})
+    return groups

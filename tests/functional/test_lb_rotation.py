@@ -13,45 +13,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.haproxy import HAProxy
+from tests.haproxy import SLOW_BODY, HAProxy, Upstream
 from tests.run_module import run_module
 
 SECRET = "s3cr3t-t0ken-value"
-SLOW_BODY = "slow answer " * 1000
-
-
-class Upstream:
-    """A local HTTP server that answers its own name; /slow waits until release() (one open session)."""
-
-    def __init__(self, name: str):
-        self.entered, self.released = threading.Event(), threading.Event()
-        upstream = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802  # http.server's naming
-                if self.path.startswith("/slow"):
-                    upstream.entered.set()
-                    upstream.released.wait(120)
-                body = (SLOW_BODY if self.path.startswith("/slow") else name).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def release(self):
-        self.released.set()
-
-    def stop(self):
-        self.release()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -158,6 +123,73 @@ def test_restored_puts_back_only_what_it_took_out(lb, tmp_path):
     assert result["changed"] and result["taken_out_by_us"] is False and admin(lb) == "maint", result
     result = rotate(lb, tmp_path, "restored")
     assert result["changed"] is False and admin(lb) == "maint", result
+
+
+def rotate_both(lb, tmp_path, state, servers=("node1", "node2"), check=False, diff=False, **params):
+    args = dict({"servers": list(servers), "backend": "vllm", "state": state, "socket": lb.socket,
+                 "marker_dir": str(tmp_path / "markers")}, **params)
+    return run_module("lb_rotation", args, check=check, diff=diff)
+
+
+def test_several_servers_drain_side_by_side_each_to_maint_as_its_own_sessions_end(lb, tmp_path):
+    client, answer = slow_request(lb)
+    outcome = {}
+    module = threading.Thread(target=lambda: outcome.update(rotate_both(lb, tmp_path, "out", drain_timeout_s=120)))
+    module.start()
+    # node2 has no session: it is in maintenance while node1, first in the list, still drains its open request
+    # (a drain of one server after the other would hold node2 ready, taking traffic, all that time).
+    wait_for(lambda: admin(lb, "node2") == "maint", "node2 never went to maintenance while node1 drained")
+    assert admin(lb) == "drain" and lb.stat()["node1"]["scur"] == "1", lb.stat()["node1"]
+    assert module.is_alive()
+    lb.upstreams["node1"].release()
+    module.join(120)
+    client.join(60)
+    assert outcome["rc"] == 0 and outcome["changed"], outcome
+    first, second = outcome["servers"]
+    assert (first["server"], first["state_before"], first["state_after"], first["sessions_at_maint"]) == (
+        "node1", "ready", "maint", 0), first
+    assert (second["server"], second["state_after"], second["drained_s"]) == ("node2", "maint", 0.0), second
+    assert first["drained_s"] > second["drained_s"] and answer == {"status": 200, "body": SLOW_BODY}
+    assert outcome["msg"] == "vllm/node1 drained in %s s and is in maintenance; vllm/node2 drained in 0.0 s and is in " \
+        "maintenance" % first["drained_s"], outcome["msg"]
+    again = rotate_both(lb, tmp_path, "out")
+    assert again["changed"] is False and [one["changed"] for one in again["servers"]] == [False, False], again
+    back = rotate_both(lb, tmp_path, "restored", diff=True)
+    assert back["changed"] and [one["taken_out_by_us"] for one in back["servers"]] == [True, True], back
+    assert back["diff"] == {"before": "vllm/node1: maint\nvllm/node2: maint\n", "after": "vllm/node1: ready\nvllm/node2: ready\n"}
+    assert admin(lb) == admin(lb, "node2") == "ready" and os.listdir(tmp_path / "markers") == []
+
+
+def test_several_servers_past_the_drain_timeout_go_to_maint_together_after_one_wait(lb, tmp_path):
+    client, dummy = slow_request(lb)
+    lb.command("set server vllm/node2 state maint")  # an operator's maintenance: left as it is, not marked ours
+    result = rotate_both(lb, tmp_path, "out", servers=("node2", "node1"), drain_timeout_s=1)
+    lb.upstreams["node1"].release()
+    client.join(60)
+    kept, cut = result["servers"]
+    assert result["rc"] == 0 and (kept["changed"], kept["msg"]) == (False, "vllm/node2 is in maintenance already"), result
+    assert cut["sessions_at_maint"] == 1 and cut["drained_s"] >= 1, cut
+    assert cut["msg"] == "vllm/node1 still had 1 sessions after 1 s of drain: put in maintenance, cutting them"
+    assert os.listdir(tmp_path / "markers") == ["vllm%2Fnode1"]
+
+
+def test_several_servers_with_one_haproxy_lacks_change_none(lb, tmp_path):
+    result = rotate_both(lb, tmp_path, "out", servers=("node1", "node9"))
+    assert result["rc"] != 0 and result["msg"] == "HAProxy's backend vllm has no server node9", result
+    assert [one["changed"] for one in result["servers"]] == [False, False] and admin(lb) == "ready"
+    assert not (tmp_path / "markers").exists()
+    would = rotate_both(lb, tmp_path, "out", check=True, diff=True)
+    assert would["changed"] and would["diff"]["after"] == "vllm/node1: maint\nvllm/node2: maint\n", would
+    assert admin(lb) == admin(lb, "node2") == "ready" and not (tmp_path / "markers").exists()
+    for servers, sentence in (([], "servers is empty: name at least one server"),
+                              (["node1", "node1"], "servers lists 'node1' twice"),
+                              (["node1", "node2;disable frontend api"], "servers[1] 'node2;disable frontend api': it is not a HAProxy name")):
+        refused = rotate_both(lb, tmp_path, "out", servers=servers)
+        assert refused["rc"] != 0 and refused["msg"].startswith(sentence), refused
+    both = run_module("lb_rotation", {"server": "node1", "servers": ["node2"], "backend": "vllm", "state": "out",
+                                      "socket": lb.socket, "marker_dir": str(tmp_path / "markers")})
+    assert both["rc"] != 0 and "mutually exclusive" in both["msg"], both
+    assert admin(lb) == admin(lb, "node2") == "ready" and lb.stat()["fe"]["status"] == "OPEN"
 
 
 @pytest.mark.parametrize("option, name", [

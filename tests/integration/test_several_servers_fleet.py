@@ -366,6 +366,8 @@ def test_only_the_broken_instances_are_reset_and_the_neighbours_keep_serving(nod
     # put back once their gate passed, and HAProxy's check finds them UP.
     assert all(seen[name] == ["UP"] for name in HEALTHY), seen
     assert all("MAINT" in seen[name] for name in BROKEN), seen
+    # ... both in one call to the balancer (their drains side by side), not one call after the other.
+    assert re.search(r"^changed: \[%s -> lb\] => \(item=a, c\)$" % HOST, proc.stdout, re.M), proc.stdout[-8000:]
     node.wait(lambda: set(node.balancer().values()) == {"UP"}, timeout=30)
     # ... and kept everything: server, workers, shm segments, GPU memory and its holders.
     assert {name: node.snapshot(name) for name in HEALTHY} == healthy

@@ -14,7 +14,7 @@ from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_instanc
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_result import (inference_service_report_row,
                                                                                         inference_service_result)
 from ansible_collections.cleanslate.gpu.plugins.filter.inference_service_rotation import (
-    inference_service_rotation_servers, inference_service_rotation_step)
+    inference_service_rotation_by_balancer, inference_service_rotation_servers, inference_service_rotation_steps)
 from ansible_collections.cleanslate.gpu.plugins.module_utils._rotation_names import name_fault
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,17 +141,35 @@ def test_the_servers_of_a_transition_are_those_behind_a_balancer_of_the_units_na
 
 
 GATE = {"status": "ready", "reason": "", "ready_s": 3.0, "unit": {"MainPID": "42"}}
-OUT = {"item": {"unit": "vllm.service", "server": "node2", "rotation": HAPROXY}, "changed": True, "state_before": "ready",
-       "state_after": "maint", "sessions_at_maint": 0, "drained_s": 2.9, "msg": "node2 drained in 2.9 s"}
-BACK = {"item": OUT["item"], "changed": True, "state_before": "maint", "state_after": "ready"}
+ITEM = {"rotation": HAPROXY, "servers": [{"unit": "vllm.service", "server": "node2"}]}
+OUT = {"item": ITEM, "changed": True, "servers": [
+    {"server": "node2", "changed": True, "state_before": "ready", "state_after": "maint", "sessions_at_maint": 0,
+     "drained_s": 2.9, "msg": "node2 drained in 2.9 s"}]}
+BACK = {"item": ITEM, "changed": True, "servers": [{"server": "node2", "changed": True, "state_before": "maint",
+                                                    "state_after": "ready"}]}
 
 
 def rotation(*steps):
     kept = {}
     for name, call in steps:
-        for key, value in inference_service_rotation_step(call, name).items():
+        for key, value in inference_service_rotation_steps(call, name)["vllm.service"].items():
             kept[key] = value
     return kept
+
+
+def test_a_hosts_servers_move_in_one_call_per_balancer_and_each_keeps_what_its_balancer_said():
+    other = dict(HAPROXY, backend="sglang")
+    servers = [{"unit": "a", "server": "n1-a", "rotation": dict(HAPROXY)}, {"unit": "b", "server": "n1-b", "rotation": other},
+               {"unit": "c", "server": "n1-c", "rotation": dict(HAPROXY)}]
+    calls = inference_service_rotation_by_balancer(servers)
+    assert calls == [{"rotation": HAPROXY, "servers": [{"unit": "a", "server": "n1-a"}, {"unit": "c", "server": "n1-c"}]},
+                     {"rotation": other, "servers": [{"unit": "b", "server": "n1-b"}]}]
+    # The module answers each server by name; a unit takes its own server's answer, whatever the order.
+    said = {"item": calls[0], "servers": [{"server": "n1-c", "state_after": "maint", "drained_s": 4.0},
+                                          {"server": "n1-a", "state_after": "drain", "drained_s": 0.5}]}
+    kept = inference_service_rotation_steps(said, "out")
+    assert (kept["a"]["server"], kept["a"]["out"]["state_after"], kept["c"]["out"]["drained_s"]) == ("n1-a", "drain", 4.0)
+    assert kept["a"]["host"] == "lb1" and set(kept) == {"a", "c"}
 
 
 def test_a_server_taken_out_and_put_back_is_in_rotation_and_its_row_has_no_warning():
