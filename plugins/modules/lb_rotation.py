@@ -422,8 +422,8 @@ class Rotation:
             if params["state"] == "restored" and not server.result["taken_out_by_us"]:
                 server.say("%s was not taken out by this module: left as it is")
                 continue
-            server.result["changed"] = True
             if self.check:
+                server.result["changed"] = True
                 server.sentence = "the %s hook would be run to take %s %s" % (params["balancer"], server.server, transition)
                 continue
             if transition == "out":
@@ -433,6 +433,7 @@ class Rotation:
             else:
                 post(params["url"], params["headers"], {"server": server.server, "state": transition,
                                                         "backend": params["backend"]}, params["timeout_s"], self.mask)
+            server.result["changed"] = True
             if transition == "in":
                 self.marker_op(self._remove_marker, server)
             server.sentence = "the %s hook took %s %s of rotation" % (params["balancer"], server.server,

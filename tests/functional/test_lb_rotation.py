@@ -243,6 +243,13 @@ def test_the_command_hook_gets_the_transition_and_server_and_its_failure_is_mask
     assert not record.exists()  # no marker: nothing run
     failed = run_module("lb_rotation", dict(base, state="in", command=[str(hook), "--token", SECRET, "fail"]))
     assert failed["rc"] != 0 and "exited with 3: the balancer refused ******** for in" in failed["msg"], failed
+    assert failed["changed"] is False  # a hook that failed changed nothing this module can vouch for
+    # Several servers: the hook once each, in order; the one it refused is not counted as moved.
+    several = run_module("lb_rotation", {"balancer": "command", "servers": ["node1-vllm-b", "fail"], "state": "out",
+                                         "command": [str(hook), "x"], "marker_dir": base["marker_dir"]})
+    assert several["rc"] != 0 and record.read_text().split() == ["x", "out", "fail"], several
+    assert [(one["server"], one["changed"]) for one in several["servers"]] == [("node1-vllm-b", True), ("fail", False)]
+    assert several["servers"][0]["msg"] == "the command hook took node1-vllm-b out of rotation", several
     # Ansible echoes a module's arguments (invocation); what the module itself says never holds the secret.
     assert SECRET not in json.dumps({key: value for key, value in failed.items() if key != "invocation"})
     (tmp_path / "plain").write_text("")
