@@ -192,13 +192,13 @@ sim-node-clean: $(SETUP) ## 2 s | kill and remove the simulated node
 	$(PY) -m tests.sim clean --root $(BUILD)/sim-node >/dev/null
 	rm -f $(BUILD)/sim-node.json
 
-# `make bench`'s 9 min: one whole run, 457 s, 2026-12-06 01:26 to 01:33 UTC, 2 cores, a 1-min load average of
-# 1 to 2 (its fleet bench's 24 hosts take it to 16 for two minutes), before bench_rotation, which took 53 s alone
-# (2026-12-07, load 0.2); each bench's seconds are in build/bench/summary.json.
-bench: $(SETUP) ## 9 min | timings against the manual ritual and the fleet-scale table (build/bench), each bench's tree and load; 457 s + 53 s measured at load 1-2
+# `make bench`'s 9 min: one whole run, 532 s, 2026-12-07 23:45 to 23:54 UTC, 2 cores, at load 2 (one process
+# computing all the time and one a third of the time beside it; its fleet bench's 24 hosts take the 1-min load
+# average to 12 for two minutes); each bench's seconds are in build/bench/summary.json.
+bench: $(SETUP) ## 9 min | timings against the manual ritual and the fleet-scale table (build/bench), each bench's tree and load; 532 s measured at load 2
 	$(PY) -m bench
 
-bench-quick: $(SETUP) ## 4.5 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table; 264 s at load 1-2
+bench-quick: $(SETUP) ## 4.5 min | every bench once in its smallest form (one round, 2 fleet hosts): one figure per row, the same table; 260 s at load 2 (2026-12-08)
 	$(PY) -m bench --quick
 
 # The collection tarball as Galaxy gets it: build/dist/cleanslate-gpu-<version>.tar.gz, built from
